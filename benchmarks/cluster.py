@@ -1,0 +1,685 @@
+#!/usr/bin/env python3
+"""An emulated cluster on one machine: one network namespace per rank, joined through a shaped bridge.
+
+    python benchmarks/cluster.py --ranks 8 --bandwidth 1gbit -- python my_bench.py --flag
+
+What it builds (all of it inside network namespaces it creates, nothing in the host's own namespace):
+
+    namespace zenbr:  bridge zbr0, with ports zb0 .. zb{N-1}
+    namespace zenK:   lo (up) and zvK = 10.99.0.(K+1)/24, the other end of the veth pair zbK <-> zvK
+    /etc/netns/zenK/hosts: names zen-rank0.. for those addresses (seen as /etc/hosts inside zenK)
+
+Every link is shaped in both directions with a token bucket (tc tbf) of rate R:
+
+    rank K upload   = egress of zvK (inside zenK)
+    rank K download = egress of zbK (inside zenbr)
+
+so a rank can send at R and receive at R at the same time (full duplex), like a host on a switch with
+R-bit/s ports. A transfer from rank A to rank B crosses two shaped queues (zvA, then zbB); its rate is
+min(R, R) = R, and an incast of several ranks into B shares B's download R. With --latency L, a netem delay
+of L/2 sits under each of the two token buckets, so the one-way rank-to-rank delay is L (round trip 2L); this
+needs the kernel's sch_netem, which not every kernel has (an error says so).
+
+The rate counts Ethernet frames (IP + TCP headers included, preamble and FCS not): at MTU 1500 the TCP payload
+can reach at most 1448/1514 = 95.6% of R.
+
+Each rank's command runs as `ip netns exec zenK <command>` with MASTER_ADDR=10.99.0.1, MASTER_PORT, RANK,
+WORLD_SIZE, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1 (one rank per emulated host), GLOO_SOCKET_IFNAME=zvK (gloo must
+use the shaped link) and ZEN_CLUSTER_BANDWIDTH_BPS / ZEN_CLUSTER_LATENCY_S (what the links are shaped to).
+
+Clean-up is always done: on success, failure, exceptions, Ctrl-C and SIGTERM the ranks' process groups are
+killed and the namespaces deleted (which deletes the veths, the bridge and their qdiscs with them). Leftovers
+of a crashed earlier run (namespaces named zenbr / zen<digits>) are removed at start. A lock file keeps two
+runs from tearing down each other.
+
+Python API:
+
+    with EmulatedCluster(ranks=4, bandwidth="1gbit") as cluster:
+        codes = cluster.run([sys.executable, "bench.py"])   # one exit code per rank
+
+Requires root, `ip` and `tc` (iproute2); otherwise the CLI exits with code 2 and says why.
+"""
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+BRIDGE_NS = "zenbr"
+BRIDGE = "zbr0"
+SUBNET_PREFIX = "10.99.0."  # rank K has 10.99.0.(K+1)/24
+LOCK_PATH = "/run/zen-cluster.lock"
+ETC_NETNS = "/etc/netns"  # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
+MAX_RANKS = 253  # .1 .. .253 keeps .0 and .255 (network, broadcast) free, plus slack
+
+_OUR_NS = re.compile(r"^zen(br|\d+)$")
+
+
+class ClusterSetupError(RuntimeError):
+    """The cluster cannot be built here (not root, no iproute2, no netem, another run active). CLI exit code 2."""
+
+
+class ClusterInterrupted(BaseException):
+    """Raised in the main thread on SIGTERM/SIGHUP so that every `finally` runs (Ctrl-C raises KeyboardInterrupt)."""
+
+    def __init__(self, signum):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+# ----------------------------------------------------------------------------------------------------------
+# units
+
+
+def parse_rate(text):
+    """'1gbit' -> 1e9 (bit/s). Units kbit, mbit, gbit, tbit (decimal, as tc) or bit; no unit means bit/s.
+
+    tc's 'bps' means *bytes* per second, a classic source of 8x mistakes, so byte units are refused.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?bit)?\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"bad rate {text!r}: use e.g. 100mbit, 1gbit, 10gbit")
+    scale = {None: 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}[m.group(2)]
+    bps = float(m.group(1)) * scale
+    if bps < 8000:
+        raise ValueError(f"rate {text!r} is below 8 kbit/s")
+    return bps
+
+
+def parse_time(text):
+    """'0.1ms' -> 1e-4 (s). Units s, ms, us; a bare number is seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|ms|us)?\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"bad time {text!r}: use e.g. 0, 100us, 0.1ms")
+    return float(m.group(1)) * {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}[m.group(2)]
+
+
+def format_rate(bps):
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.3g} {unit}"
+    return f"{bps:.0f} bit/s"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# small helpers around iproute2
+
+
+def _sh(args, check=True):
+    """Run one iproute2 command; raise ClusterSetupError with its stderr when it fails and check is set."""
+    res = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and res.returncode != 0:
+        raise ClusterSetupError(f"command failed ({res.returncode}): {' '.join(args)}\n{res.stderr.strip()}")
+    return res
+
+
+def check_prerequisites():
+    """Root and iproute2 (`ip`, `tc`) are needed; say plainly which one is missing."""
+    if os.geteuid() != 0:
+        raise ClusterSetupError("the emulated cluster needs root (network namespaces, veths, tc); "
+                                "run as root, or run the benchmark on loopback without cluster.py")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise ClusterSetupError(f"missing {' and '.join(missing)}: install iproute2 (apt-get install iproute2)")
+
+
+def our_namespaces():
+    """Names of existing namespaces that this tool creates (zenbr, zen0, zen1, ...)."""
+    res = _sh(["ip", "netns", "list"], check=False)
+    names = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
+    return [n for n in names if _OUR_NS.match(n)]
+
+
+def _kill_namespace_pids(ns):
+    """SIGKILL every process still living in one of our namespaces (a namespace stays alive while they do)."""
+    res = _sh(["ip", "netns", "pids", ns], check=False)
+    for tok in res.stdout.split():
+        try:
+            os.kill(int(tok), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+
+
+def remove_namespaces():
+    """Delete all our namespaces. Deleting a namespace deletes its veth ends (and so the peers), the bridge and
+    every qdisc on them, so with our /etc/netns/<name> files this is the whole clean-up. Returns the names."""
+    names = our_namespaces()
+    for ns in names:
+        _kill_namespace_pids(ns)
+    for ns in names:
+        _sh(["ip", "netns", "del", ns], check=False)
+    if os.path.isdir(ETC_NETNS):
+        for name in os.listdir(ETC_NETNS):
+            if _OUR_NS.match(name):
+                shutil.rmtree(os.path.join(ETC_NETNS, name), ignore_errors=True)
+        try:
+            os.rmdir(ETC_NETNS)  # only succeeds when empty, i.e. nobody else keeps files there
+        except OSError:
+            pass
+    return names
+
+
+def netem_available():
+    """sch_netem is optional in kernels; probe it on the loopback of our (fresh) bridge namespace."""
+    res = _sh(["tc", "-n", BRIDGE_NS, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1us"], check=False)
+    if res.returncode == 0:
+        _sh(["tc", "-n", BRIDGE_NS, "qdisc", "del", "dev", "lo", "root"], check=False)
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the cluster
+
+
+class EmulatedCluster:
+    """N namespaces zen0..zen{N-1} on a bridge, every link shaped to `bandwidth` in both directions.
+
+    Use as a context manager; `run(cmd)` runs cmd once per rank and returns the list of exit codes
+    (negative: killed by that signal, as subprocess reports it). `first_failure` holds (rank, code) of the
+    first rank, in time, that exited non-zero, or None; `timed_out` says whether run()'s timeout struck.
+    """
+
+    def __init__(self, ranks, bandwidth="1gbit", latency=0.0, master_port=29500, mtu=1500,
+                 queue_ms=50.0, verbose=True):
+        if not 1 <= int(ranks) <= MAX_RANKS:
+            raise ValueError(f"ranks must be in 1..{MAX_RANKS}")
+        self.ranks = int(ranks)
+        self.bandwidth_bps = parse_rate(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
+        self.latency_s = parse_time(latency) if isinstance(latency, str) else float(latency)
+        self.master_port = int(master_port)
+        self.mtu = int(mtu)
+        self.queue_ms = float(queue_ms)
+        self.verbose = verbose
+        self.first_failure = None
+        self.timed_out = False
+        self._lock_file = None
+        self._old_handlers = {}
+        self._built = False
+        self._procs = []
+
+    # names and addresses ------------------------------------------------------------------------------
+    @staticmethod
+    def namespace(rank):
+        return f"zen{rank}"
+
+    @staticmethod
+    def interface(rank):
+        """The veth end inside rank's namespace (what GLOO_SOCKET_IFNAME names)."""
+        return f"zv{rank}"
+
+    @staticmethod
+    def address(rank):
+        return f"{SUBNET_PREFIX}{rank + 1}"
+
+    def _log(self, msg):
+        if self.verbose:
+            print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+    # context manager ----------------------------------------------------------------------------------
+    def __enter__(self):
+        check_prerequisites()
+        self._take_lock()
+        self._install_signal_handlers()
+        try:
+            stale = remove_namespaces()
+            if stale:
+                self._log(f"removed leftovers of an earlier run: {' '.join(stale)}")
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+    def close(self):
+        """Kill what we started, delete the namespaces, release the lock. Safe to call twice."""
+        ignored = self._ignore_signals()  # a second Ctrl-C must not interrupt the clean-up itself
+        try:
+            self._kill_all()
+            removed = remove_namespaces()
+            if self._built:
+                self._log(f"removed {len(removed)} namespaces")
+            self._built = False
+        finally:
+            self._restore_signal_handlers(ignored)
+            self._release_lock()
+
+    # locking and signals ------------------------------------------------------------------------------
+    def _take_lock(self):
+        os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+        self._lock_file = open(LOCK_PATH, "w")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            self._lock_file = None
+            raise ClusterSetupError(f"another emulated cluster is running (lock {LOCK_PATH} is held)")
+
+    def _release_lock(self):
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    def _install_signal_handlers(self):
+        # Only the main thread may set handlers; elsewhere the caller owns signal handling.
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum, frame):
+            raise ClusterInterrupted(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._old_handlers[sig] = signal.signal(sig, handler)
+
+    def _ignore_signals(self):
+        """Ignore INT/TERM/HUP while cleaning up; returns the handlers in place before."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def _restore_signal_handlers(self, ignored):
+        """Leaving the cluster: put back the handlers from before __enter__ (ours for TERM/HUP go away)."""
+        for sig, current in ignored.items():
+            signal.signal(sig, self._old_handlers.get(sig, current))
+        self._old_handlers = {}
+
+    # building -----------------------------------------------------------------------------------------
+    def _tbf_args(self):
+        """Token bucket for rate R (bit/s).
+
+        burst: at least 128 KiB, so that a 64 KiB GSO super-packet fits whole (tbf would otherwise split it
+        into MTU segments, costing CPU we do not have), and at least 1 ms worth of tokens at high rates.
+        limit: the queue, `queue_ms` worth of bytes at rate R plus the burst, deep enough that an incast of
+        all ranks into one port queues instead of dropping.
+        """
+        rate_Bps = self.bandwidth_bps / 8.0
+        burst = int(max(128 * 1024, rate_Bps * 1e-3))
+        limit = int(rate_Bps * self.queue_ms * 1e-3) + burst
+        return ["tbf", "rate", f"{int(self.bandwidth_bps)}bit", "burst", str(burst), "limit", str(limit)]
+
+    def _shape(self, ns, dev):
+        _sh(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:"] + self._tbf_args())
+        if self.latency_s > 0:
+            # Half the one-way delay on each of the two queues a packet crosses (sender's up, receiver's down).
+            half_us = max(1, int(round(self.latency_s * 1e6 / 2)))
+            _sh(["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:",
+                 "netem", "delay", f"{half_us}us", "limit", "100000"])
+
+    def _build(self):
+        t0 = time.monotonic()
+        _sh(["ip", "netns", "add", BRIDGE_NS])
+        self._built = True  # from here on, close() has something to remove
+        if self.latency_s > 0 and not netem_available():
+            raise ClusterSetupError("--latency needs the kernel's netem qdisc (sch_netem), which this kernel "
+                                    "lacks; use --latency 0 (bandwidth shaping with tbf still works)")
+        _sh(["ip", "-n", BRIDGE_NS, "link", "set", "lo", "up"])
+        _sh(["ip", "-n", BRIDGE_NS, "link", "add", BRIDGE, "type", "bridge"])
+        _sh(["ip", "-n", BRIDGE_NS, "link", "set", BRIDGE, "up"])
+        for rank in range(self.ranks):
+            ns, dev, port = self.namespace(rank), self.interface(rank), f"zb{rank}"
+            _sh(["ip", "netns", "add", ns])
+            _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+            # Created inside the bridge namespace with the peer placed straight into the rank's namespace:
+            # no interface ever appears in the host namespace.
+            _sh(["ip", "-n", BRIDGE_NS, "link", "add", port, "mtu", str(self.mtu), "type", "veth",
+                 "peer", "name", dev, "mtu", str(self.mtu), "netns", ns])
+            _sh(["ip", "-n", BRIDGE_NS, "link", "set", port, "master", BRIDGE, "up"])
+            _sh(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", dev])
+            _sh(["ip", "-n", ns, "link", "set", dev, "up"])
+            self._shape(ns, dev)            # rank's upload
+            self._shape(BRIDGE_NS, port)    # rank's download
+            self._write_hosts(ns)
+        self._log(f"{self.ranks} ranks on {BRIDGE_NS}/{BRIDGE}, every link {format_rate(self.bandwidth_bps)} "
+                  f"each way, one-way latency {self.latency_s * 1e3:g} ms, MTU {self.mtu} "
+                  f"(built in {time.monotonic() - t0:.1f} s)")
+
+    def _write_hosts(self, ns):
+        """Name every rank's address (zen-rank0 ...): gloo and c10d look up the peer's name, and without an
+        entry that lookup goes to DNS servers unreachable from the namespace (a warning, or a delay)."""
+        os.makedirs(os.path.join(ETC_NETNS, ns), exist_ok=True)
+        lines = ["127.0.0.1 localhost", "::1 localhost"]
+        lines += [f"{self.address(r)} zen-rank{r}" for r in range(self.ranks)]
+        # c10d's store listens on a dual-stack socket and sees peers as ::ffff:10.99.0.x
+        lines += [f"::ffff:{self.address(r)} zen-rank{r}" for r in range(self.ranks)]
+        with open(os.path.join(ETC_NETNS, ns, "hosts"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    # running ------------------------------------------------------------------------------------------
+    def rank_env(self, rank, base=None):
+        env = dict(os.environ if base is None else base)
+        env.update({
+            "MASTER_ADDR": self.address(0),
+            "MASTER_PORT": str(self.master_port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.ranks),
+            "LOCAL_RANK": "0",          # one rank per emulated host
+            "LOCAL_WORLD_SIZE": "1",
+            "GLOO_SOCKET_IFNAME": self.interface(rank),
+            "ZEN_CLUSTER_BANDWIDTH_BPS": str(int(self.bandwidth_bps)),
+            "ZEN_CLUSTER_LATENCY_S": repr(self.latency_s),
+        })
+        # N ranks share this machine's cores: without this every rank would start one thread per core.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.ranks)))
+        return env
+
+    def popen(self, rank, cmd, env=None, stdout=None, stderr=None):
+        """Start cmd in rank's namespace, in a new session (its own process group, which close() kills)."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.namespace(rank)] + list(cmd),
+                             env=self.rank_env(rank, env), stdout=stdout, stderr=stderr,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        self._procs.append(p)
+        return p
+
+    def run(self, cmd, env=None, all_stdout=False, fail_grace=10.0, timeout=None):
+        """Run `cmd` (a list) once per rank, wait for all, return their exit codes (by rank).
+
+        Rank 0's stdout and stderr pass through unchanged; other ranks' stderr is forwarded line by line as
+        "[rank K] ...", their stdout dropped unless all_stdout. When a rank fails, the others get `fail_grace`
+        seconds to finish (a collective peer would hang otherwise) and are then killed. `timeout` (s) kills all
+        ranks, which then report -SIGKILL / -SIGTERM.
+        """
+        if not self._built:
+            raise RuntimeError("run() outside the `with EmulatedCluster(...)` block")
+        cmd = list(cmd)
+        self.first_failure = None
+        self.timed_out = False
+        procs, pumps = [], []
+        out_lock = threading.Lock()
+        try:
+            for rank in range(self.ranks):
+                if rank == 0:
+                    p = self.popen(rank, cmd, env)
+                else:
+                    p = self.popen(rank, cmd, env, stdout=subprocess.PIPE if all_stdout else subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
+                    pumps.append(_pump(p.stderr, sys.stderr, f"[rank {rank}] ", out_lock))
+                    if all_stdout:
+                        pumps.append(_pump(p.stdout, sys.stdout, f"[rank {rank}] ", out_lock))
+                procs.append(p)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            kill_at = None
+            while True:
+                states = [p.poll() for p in procs]  # poll every rank (any() would stop at the first live one)
+                if all(c is not None for c in states):
+                    break
+                now = time.monotonic()
+                if self.first_failure is None:
+                    failed = [(rank, c) for rank, c in enumerate(states) if c not in (None, 0)]
+                    if failed:
+                        self.first_failure = failed[0]
+                        kill_at = now + fail_grace
+                        self._log(f"rank {failed[0][0]} exited with {failed[0][1]}; "
+                                  f"stopping the others in {fail_grace:g} s unless they finish")
+                if deadline is not None and now >= deadline:
+                    self.timed_out = True
+                    self._log(f"timeout after {timeout:g} s: killing all ranks")
+                    self._kill_all()
+                    break
+                if kill_at is not None and now >= kill_at:
+                    self._kill_all()
+                    break
+                time.sleep(0.05)
+            codes = [p.wait() for p in procs]
+            if self.first_failure is None:
+                bad = [(r, c) for r, c in enumerate(codes) if c != 0]
+                self.first_failure = bad[0] if bad else None
+            return codes
+        finally:
+            self._kill_all()
+            for t in pumps:
+                t.join(timeout=2.0)
+
+    def _kill_all(self):
+        """SIGTERM each live rank's process group, SIGKILL whatever is left 3 s later."""
+        live = [p for p in self._procs if p.poll() is None]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in live:
+                try:
+                    os.killpg(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end and any(p.poll() is None for p in live):
+                time.sleep(0.05)
+            live = [p for p in live if p.poll() is None]
+            if not live:
+                break
+        for p in self._procs:
+            if p.poll() is None:
+                p.wait()
+        self._procs = [p for p in self._procs if p.returncode is None]
+
+    # self-test ----------------------------------------------------------------------------------------
+    def selftest(self, seconds=2.0):
+        """Measure what the links really carry: one stream, all links at once, and the round-trip time.
+
+        1. rank 0 -> rank 1, one TCP stream: goodput / R (expect >= 0.9; 1448/1514 = 0.956 is the TCP ceiling
+           at MTU 1500).
+        2. every rank K -> rank K+1 mod N at once: every upload and every download busy, N*R in total through
+           the bridge; shows whether this machine's CPUs can carry N ranks' worth of shaped traffic.
+        3. 1-byte TCP ping-pong rank 0 <-> rank 1: median round trip (2 x latency + software overhead).
+        Returns a dict and prints a summary; 'ok' is result 1 >= 0.9.
+        """
+        if self.ranks < 2:
+            raise ValueError("the self-test needs at least 2 ranks")
+        me = os.path.abspath(__file__)
+        port = 5201
+
+        def streams(pairs):
+            sinks = [self.popen(dst, [sys.executable, me, "_sink", str(port)], stdout=subprocess.PIPE)
+                     for _, dst in pairs]
+            sources = [self.popen(src, [sys.executable, me, "_source", self.address(dst), str(port), str(seconds)])
+                       for src, dst in pairs]
+            for p in sources:
+                p.wait(timeout=seconds + 30)
+            rates = []
+            for p in sinks:
+                out, _ = p.communicate(timeout=30)
+                rates.append(json.loads(out)["bps"])
+            return rates
+
+        one = streams([(0, 1)])[0]
+        ring = streams([(k, (k + 1) % self.ranks) for k in range(self.ranks)]) if self.ranks > 2 else [one]
+        echo = self.popen(1, [sys.executable, me, "_echo", str(port)])
+        ping = self.popen(0, [sys.executable, me, "_ping", self.address(1), str(port), "200"],
+                          stdout=subprocess.PIPE)
+        out, _ = ping.communicate(timeout=60)
+        echo.wait(timeout=10)
+        rtt = json.loads(out)["rtt_s"]
+        R = self.bandwidth_bps
+        result = {
+            "rate_bps": R,
+            "single_stream_bps": one,
+            "single_stream_fraction": one / R,
+            "ring_min_bps": min(ring),
+            "ring_mean_bps": statistics.mean(ring),
+            "ring_min_fraction": min(ring) / R,
+            "rtt_median_s": rtt,
+            "ok": one / R >= 0.9,
+        }
+        print(f"selftest: shaped rate {format_rate(R)} per link and direction\n"
+              f"  rank0 -> rank1, 1 stream:      {format_rate(one)} = {100 * one / R:.1f}% of rate\n"
+              f"  ring, all {self.ranks} links at once: min {format_rate(min(ring))} "
+              f"({100 * min(ring) / R:.1f}%), mean {format_rate(statistics.mean(ring))} "
+              f"({100 * statistics.mean(ring) / R:.1f}%)\n"
+              f"  TCP ping-pong RTT (median):    {rtt * 1e6:.0f} us\n"
+              f"  {'PASS' if result['ok'] else 'FAIL'} (single stream >= 90% of the shaped rate)",
+              file=sys.stderr, flush=True)
+        return result
+
+
+def _pump(src, dst, prefix, lock):
+    """Forward lines from a child's pipe to our stream with a prefix (a thread per pipe)."""
+    def loop():
+        for line in iter(src.readline, b""):
+            with lock:
+                if hasattr(dst, "buffer"):
+                    dst.buffer.write(prefix.encode() + line)
+                else:  # a replaced stream (e.g. under pytest) takes text
+                    dst.write(prefix + line.decode(errors="replace"))
+                dst.flush()
+        src.close()
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------------
+# self-test helpers, run inside the namespaces as `cluster.py _sink PORT` etc. (stdlib only)
+
+
+def _role_sink(port):
+    """Accept one connection, count bytes to EOF, print goodput from first to last byte."""
+    srv = socket.create_server(("0.0.0.0", int(port)), reuse_port=False)
+    conn, _ = srv.accept()
+    buf = bytearray(1 << 20)
+    total, t_first, t_last = 0, None, None
+    while True:
+        n = conn.recv_into(buf)
+        if n == 0:
+            break
+        now = time.perf_counter()
+        if t_first is None:
+            t_first = now
+            first_n = n  # the first chunk arrived before the clock started: not part of the timed bytes
+        total += n
+        t_last = now
+    timed = total - first_n
+    print(json.dumps({"bytes": total, "bps": 8 * timed / max(t_last - t_first, 1e-9)}))
+
+
+def _connect(addr, port, tries=200):
+    for _ in range(tries):
+        try:
+            return socket.create_connection((addr, int(port)), timeout=5)
+        except OSError:
+            time.sleep(0.05)  # the peer may not listen yet
+    raise SystemExit(f"cannot connect to {addr}:{port}")
+
+
+def _role_source(addr, port, seconds):
+    s = _connect(addr, port)
+    chunk = b"\0" * (1 << 20)
+    end = time.perf_counter() + float(seconds)
+    while time.perf_counter() < end:
+        s.sendall(chunk)
+    s.close()
+
+
+def _role_echo(port):
+    srv = socket.create_server(("0.0.0.0", int(port)))
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        b = conn.recv(1)
+        if not b:
+            break
+        conn.sendall(b)
+
+
+def _role_ping(addr, port, count):
+    s = _connect(addr, port)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(int(count)):
+        t0 = time.perf_counter()
+        s.sendall(b"x")
+        s.recv(1)
+        rtts.append(time.perf_counter() - t0)
+    s.close()
+    print(json.dumps({"rtt_s": statistics.median(rtts)}))
+
+
+_ROLES = {"_sink": _role_sink, "_source": _role_source, "_echo": _role_echo, "_ping": _role_ping}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _exit_code(code):
+    """subprocess reports death by signal S as -S; a shell would say 128+S."""
+    return 128 - code if code < 0 else code
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _ROLES:
+        _ROLES[argv[0]](*argv[1:])
+        return 0
+    ap = argparse.ArgumentParser(
+        prog="cluster.py",
+        description="Run a command once per rank, each rank in its own network namespace behind shaped links.",
+        epilog="example: cluster.py --ranks 8 --bandwidth 1gbit -- python bench.py --size 1e7")
+    ap.add_argument("--ranks", type=int, default=2, help="number of ranks / namespaces (default 2)")
+    ap.add_argument("--bandwidth", default="1gbit", help="rate of every link, each direction (default 1gbit)")
+    ap.add_argument("--latency", default="0", help="one-way rank-to-rank delay, e.g. 0.1ms (needs sch_netem)")
+    ap.add_argument("--master-port", type=int, default=29500)
+    ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--queue-ms", type=float, default=50.0, help="queue depth of every shaped link, in ms at rate")
+    ap.add_argument("--selftest", action="store_true", help="measure the links before running the command")
+    ap.add_argument("--cleanup", action="store_true", help="only remove leftovers of an earlier run, then exit")
+    ap.add_argument("--all-stdout", action="store_true", help="also forward ranks 1.. stdout, prefixed")
+    ap.add_argument("--fail-grace", type=float, default=10.0, help="seconds the others get after a rank fails")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="kill all ranks after this many seconds (exit code 124)")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments to run on every rank")
+    args = ap.parse_args(argv)
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd and not args.selftest and not args.cleanup:
+        ap.error("nothing to run: give `-- command ...`, --selftest or --cleanup")
+    try:
+        check_prerequisites()
+        if args.cleanup:
+            print(f"removed: {' '.join(remove_namespaces()) or 'nothing'}", file=sys.stderr)
+            return 0
+        cluster = EmulatedCluster(args.ranks, args.bandwidth, args.latency, args.master_port, args.mtu,
+                                  args.queue_ms, verbose=not args.quiet)
+    except (ClusterSetupError, ValueError) as e:
+        print(f"cluster.py: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        with cluster:
+            if args.selftest:
+                if not cluster.selftest()["ok"] and not cmd:
+                    return 1
+            if not cmd:
+                return 0
+            codes = cluster.run(cmd, all_stdout=args.all_stdout, fail_grace=args.fail_grace,
+                                timeout=args.timeout)
+            if cluster.timed_out:
+                print(f"cluster.py: timed out after {args.timeout:g} s (exit codes {codes})", file=sys.stderr)
+                return 124
+            if cluster.first_failure is not None:
+                rank, code = cluster.first_failure
+                print(f"cluster.py: rank {rank} failed first, exit code {code} (all: {codes})", file=sys.stderr)
+                return _exit_code(code)
+            return 0
+    except ClusterSetupError as e:
+        print(f"cluster.py: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cluster.py: interrupted, cleaned up", file=sys.stderr)
+        return 130
+    except ClusterInterrupted as e:
+        print(f"cluster.py: {e}, cleaned up", file=sys.stderr)
+        return 128 + e.signum
+
+
+if __name__ == "__main__":
+    sys.exit(main())

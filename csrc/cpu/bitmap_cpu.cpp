@@ -1,0 +1,121 @@
+// The hash bitmap (ZEN's pull format). I_j = sorted {i in [0, M) : h0(i) = j}; a subset S of I_j travels
+// as |I_j| bits (bit r set iff I_j[r] in S) plus the values of S in index order.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "zen/checks.h"
+#include "zen/hash.h"
+
+namespace zen {
+namespace {
+
+template <typename index_t>
+void build_index_sets(int64_t numel, uint32_t n, uint64_t seed, index_t* sets, int64_t* offsets) {
+  // Two passes over [0, M) in chunks: count per (chunk, partition), then write at the prefix sums.
+  const int64_t chunk = 1 << 16;
+  const int64_t num_chunks = (numel + chunk - 1) / chunk;
+  std::vector<int64_t> counts(num_chunks * n, 0);
+  at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t* cnt = counts.data() + c * n;
+      for (int64_t i = c * chunk, e = std::min(numel, i + chunk); i < e; ++i) ++cnt[partition_of(i, seed, n)];
+    }
+  });
+  std::vector<int64_t> cursor(num_chunks * n);
+  int64_t total = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    offsets[j] = total;
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      cursor[c * n + j] = total;
+      total += counts[c * n + j];
+    }
+  }
+  offsets[n] = total;
+  at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t* cur = cursor.data() + c * n;
+      for (int64_t i = c * chunk, e = std::min(numel, i + chunk); i < e; ++i)
+        sets[cur[partition_of(i, seed, n)]++] = static_cast<index_t>(i);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> bitmap_index_sets_cpu(const at::Tensor& device_like, int64_t numel,
+                                                         int64_t num_partitions, int64_t seed) {
+  check_partitions(num_partitions);
+  TORCH_CHECK(numel >= 0, "numel must be >= 0, got ", numel);
+  auto opts = device_like.options();
+  auto sets = at::empty({numel}, opts.dtype(index_type_for(numel)));
+  auto offsets = at::empty({num_partitions + 1}, opts.dtype(at::kLong));
+  AT_DISPATCH_INDEX_TYPES(sets.scalar_type(), "zen_bitmap_index_sets", [&] {
+    build_index_sets(numel, (uint32_t)num_partitions, (uint64_t)seed, sets.data_ptr<index_t>(),
+                     offsets.data_ptr<int64_t>());
+  });
+  return {sets, offsets};
+}
+
+at::Tensor bitmap_encode_cpu(const at::Tensor& indices, const at::Tensor& index_set) {
+  check_index(indices, "indices");
+  check_index(index_set, "index_set");
+  TORCH_CHECK(indices.scalar_type() == index_set.scalar_type(), "indices and index_set must have the same dtype");
+  const int64_t bits = index_set.numel(), count = indices.numel();
+  auto bitmap = at::zeros({(bits + 7) / 8}, indices.options().dtype(at::kByte));
+  uint8_t* out = bitmap.data_ptr<uint8_t>();
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "zen_bitmap_encode", [&] {
+    const index_t* idx = indices.const_data_ptr<index_t>();
+    const index_t* set_begin = index_set.const_data_ptr<index_t>();
+    const index_t* set_end = set_begin + bits;
+    // Both are ascending: each search starts where the previous one ended.
+    const index_t* cursor = set_begin;
+    for (int64_t i = 0; i < count; ++i) {
+      TORCH_CHECK(i == 0 || idx[i] > idx[i - 1], "bitmap_encode: indices must be strictly ascending");
+      cursor = std::lower_bound(cursor, set_end, idx[i]);
+      TORCH_CHECK(cursor != set_end && *cursor == idx[i], "bitmap_encode: index ", (int64_t)idx[i],
+                  " is not in the partition's index set");
+      const int64_t r = cursor - set_begin;
+      out[r >> 3] |= uint8_t(1u << (r & 7));
+    }
+  });
+  return bitmap;
+}
+
+at::Tensor bitmap_decode_cpu(const at::Tensor& bitmap, const at::Tensor& index_set, int64_t count) {
+  check_1d(bitmap, "bitmap");
+  check_index(index_set, "index_set");
+  TORCH_CHECK(bitmap.scalar_type() == at::kByte, "bitmap must be uint8, got ", bitmap.scalar_type());
+  const int64_t bits = index_set.numel();
+  TORCH_CHECK(bitmap.numel() == (bits + 7) / 8, "bitmap has ", bitmap.numel(), " bytes, expected ", (bits + 7) / 8,
+              " for an index set of ", bits, ": truncated or corrupt buffer");
+  const uint8_t* in = bitmap.const_data_ptr<uint8_t>();
+  int64_t set_bits = 0;
+  for (int64_t b = 0; b < bitmap.numel(); ++b) set_bits += __builtin_popcount(in[b]);
+  if (bits % 8) {
+    TORCH_CHECK((in[bitmap.numel() - 1] >> (bits % 8)) == 0, "bitmap has bits set past its index set: corrupt buffer");
+  }
+  TORCH_CHECK(count < 0 || set_bits == count, "bitmap has ", set_bits, " bits set, expected ", count,
+              ": corrupt buffer");
+  auto out = at::empty({set_bits}, index_set.options());
+  AT_DISPATCH_INDEX_TYPES(index_set.scalar_type(), "zen_bitmap_decode", [&] {
+    const index_t* set = index_set.const_data_ptr<index_t>();
+    index_t* o = out.data_ptr<index_t>();
+    int64_t k = 0;
+    for (int64_t b = 0; b < bitmap.numel(); ++b) {
+      for (unsigned byte = in[b]; byte; byte &= byte - 1) o[k++] = set[8 * b + __builtin_ctz(byte)];
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(zen, CPU, m) {
+  m.impl("bitmap_index_sets", &bitmap_index_sets_cpu);
+  m.impl("bitmap_encode", &bitmap_encode_cpu);
+  m.impl("bitmap_decode", &bitmap_decode_cpu);
+}
+
+}  // namespace zen

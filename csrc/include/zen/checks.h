@@ -1,0 +1,35 @@
+// Argument checks shared by the CPU and CUDA bindings.
+#pragma once
+#include <torch/extension.h>
+
+namespace zen {
+
+inline void check_1d(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 1, name, " must be 1-D, got ", t.dim(), " dimensions");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+inline void check_index(const at::Tensor& t, const char* name) {
+  check_1d(t, name);
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
+              " must be int32 or int64, got ", t.scalar_type());
+}
+
+inline void check_pair(const at::Tensor& indices, const at::Tensor& values) {
+  check_index(indices, "indices");
+  check_1d(values, "values");
+  TORCH_CHECK(indices.numel() == values.numel(), "indices and values must have the same length, got ",
+              indices.numel(), " and ", values.numel());
+  TORCH_CHECK(indices.device() == values.device(), "indices and values must be on the same device");
+}
+
+inline void check_partitions(int64_t n) {
+  TORCH_CHECK(n >= 1 && n <= (1 << 20), "num_partitions must be in [1, 2^20], got ", n);
+}
+
+// Indices of a tensor with numel elements: int32 while every index fits, int64 from 2^31 elements on.
+inline at::ScalarType index_type_for(int64_t numel) {
+  return numel > (int64_t{1} << 31) - 1 ? at::kLong : at::kInt;
+}
+
+}  // namespace zen

@@ -1,0 +1,57 @@
+// Operator schemas of zen's extension. Kernels register per device (cpu/, cuda/); the dispatcher picks
+// the device from the tensor arguments, so call sites never branch on it.
+#include <torch/library.h>
+#include <torch/extension.h>
+
+TORCH_LIBRARY(zen, m) {
+  // Dense 1-D tensor -> (indices, values) of its non-zeros, ascending. A NaN is a non-zero; -0.0 is zero.
+  // Indices are int32 below 2^31 elements, int64 from there.
+  m.def("nonzero(Tensor dense) -> (Tensor indices, Tensor values)");
+  // Level-1 hash h0: the partition (int32, in [0, n)) of every index.
+  m.def("hash_partition(Tensor indices, int num_partitions, int seed) -> Tensor");
+  // Hierarchical hash partition: (indices, values) grouped by partition, counts per partition, and
+  // stats = [placed in parallel memory, placed in serial memory, 1 if the serial memory overflowed and
+  // the exact fallback ran].
+  m.def(
+      "partition(Tensor indices, Tensor values, int num_partitions, int seed, int num_probes, "
+      "float table_factor, float serial_factor) -> (Tensor indices, Tensor values, Tensor counts, Tensor stats)");
+  // Sum duplicate indices: the union, ascending. Validates every index against [0, numel) and, when
+  // partition >= 0, that h0 sends it to that partition.
+  m.def(
+      "aggregate(Tensor indices, Tensor values, int numel, int num_partitions, int seed, int partition) "
+      "-> (Tensor indices, Tensor values)");
+  // I_j = sorted {i in [0, numel) : h0(i) = j} for all j, concatenated, with offsets[n + 1].
+  // device_like only selects the device.
+  m.def("bitmap_index_sets(Tensor device_like, int numel, int num_partitions, int seed) -> (Tensor, Tensor)");
+  // Bitmap (uint8, bit r = byte r/8, bit r%8) over index_set of an ascending subset of it, and back.
+  m.def("bitmap_encode(Tensor indices, Tensor index_set) -> Tensor");
+  m.def("bitmap_decode(Tensor bitmap, Tensor index_set, int count) -> Tensor");
+  // out[indices[i]] = values[i], bounds checked.
+  m.def("scatter_(Tensor(a!) out, Tensor indices, Tensor values) -> ()");
+}
+
+static bool has_cuda_kernels() {
+#ifdef ZEN_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+static bool has_openmp() {
+#ifdef _OPENMP
+  return true;
+#else
+  return false;
+#endif
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("has_cuda_kernels", &has_cuda_kernels, "whether the CUDA kernels were compiled in");
+  m.def("has_openmp", &has_openmp, "whether the CPU kernels were compiled with OpenMP");
+#ifdef ZEN_CUDA_VERSION
+  m.attr("cuda_version") = ZEN_CUDA_VERSION;
+#else
+  m.attr("cuda_version") = pybind11::none();
+#endif
+}

@@ -1,0 +1,75 @@
+"""Builds zen._C, one torch extension: CPU kernels always, CUDA kernels when a CUDA torch and nvcc are here.
+
+Switches (environment):
+  FORCE_CUDA=1        build the CUDA kernels even without a visible GPU or a CUDA torch
+  FORCE_ONLY_CPU=1    never build them
+  TORCH_CUDA_ARCH_LIST  the GPU architectures (default "8.0;9.0" when no GPU is visible)
+  MAX_JOBS            parallel compile jobs (default: sized from cores and free memory)
+  ZEN_SANITIZE=1      AddressSanitizer + UndefinedBehaviorSanitizer build (run with LD_PRELOAD of libasan)
+  ZEN_DEBUG=1         -O0 -g
+"""
+import glob
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def flag(name):
+    return os.environ.get(name, "0") == "1"
+
+
+def default_max_jobs():
+    """One job per core, at most one per 2 GiB of available memory (nvcc can take that much)."""
+    try:
+        with open("/proc/meminfo") as f:
+            available_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
+        by_memory = max(1, available_kib // (2 * 1024 * 1024))
+    except (OSError, StopIteration):
+        by_memory = 1
+    return str(max(1, min(os.cpu_count() or 1, by_memory)))
+
+
+def with_cuda():
+    if flag("FORCE_ONLY_CPU"):
+        return False
+    if flag("FORCE_CUDA"):
+        return True
+    return torch.cuda.is_available() and torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def extension():
+    os.environ.setdefault("MAX_JOBS", default_max_jobs())
+    sources = [os.path.join("csrc", "ops.cpp")] + sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
+    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
+    link = ["-fopenmp"]
+    macros = []
+    if flag("ZEN_DEBUG"):
+        cxx = ["-O0", "-g", "-std=c++17", "-fopenmp"]
+    if flag("ZEN_SANITIZE"):
+        san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+        cxx += san + ["-g"]
+        link += san
+    include_dirs = [os.path.join(HERE, "csrc", "include")]
+    if not with_cuda():
+        return CppExtension("zen._C", sources, include_dirs=include_dirs, define_macros=macros,
+                            extra_compile_args={"cxx": cxx}, extra_link_args=link)
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
+    nvcc += ["--threads", os.environ.get("NVCC_THREADS", "2")]
+    sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")) + glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
+    cuda_version = torch.version.cuda or "unknown"
+    macros += [("ZEN_WITH_CUDA", None), ("ZEN_CUDA_VERSION", f'"{cuda_version}"')]
+    return CUDAExtension("zen._C", sources, include_dirs=include_dirs, define_macros=macros,
+                         extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link)
+
+
+setup(
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,68 @@
+"""Typed wrappers over the extension's operators (``torch.ops.zen.*``).
+
+The C++ kernels are registered per device; these wrappers only document and forward. See
+``csrc/ops.cpp`` for the schemas.
+"""
+from typing import Tuple
+
+import torch
+
+from . import _C  # noqa: F401  (loads the library that registers torch.ops.zen)
+
+Tensor = torch.Tensor
+
+
+def nonzero(dense: Tensor) -> Tuple[Tensor, Tensor]:
+    """(indices, values) of the non-zeros of a contiguous 1-D tensor, indices ascending.
+
+    A NaN or Inf is a non-zero, -0.0 is a zero. Indices are int32 below 2**31 elements, int64 above.
+
+    >>> nonzero(torch.tensor([0., 2., 0., -1.]))
+    (tensor([1, 3], dtype=torch.int32), tensor([ 2., -1.]))
+    """
+    return torch.ops.zen.nonzero(dense)
+
+
+def hash_partition(indices: Tensor, num_partitions: int, seed: int) -> Tensor:
+    """Level-1 hash: the partition h0(i) in [0, n) of each index (int32). The one partition rule of zen."""
+    return torch.ops.zen.hash_partition(indices, num_partitions, seed)
+
+
+def partition(indices: Tensor, values: Tensor, num_partitions: int, seed: int, num_probes: int = 3,
+              table_factor: float = 2.0, serial_factor: float = 0.1):
+    """Hierarchical hash partition of (indices, values) into ``num_partitions`` pieces.
+
+    Returns (indices, values, counts, stats): the pairs grouped by partition h0 (piece j is
+    ``counts[:j].sum()`` onwards), and stats = [placed in parallel memory, placed in serial memory,
+    1 if a serial memory overflowed and the exact fallback ran]. Every pair lands exactly once.
+    """
+    return torch.ops.zen.partition(indices, values, num_partitions, seed, num_probes, table_factor, serial_factor)
+
+
+def aggregate(indices: Tensor, values: Tensor, numel: int, num_partitions: int = 1, seed: int = 0,
+              partition: int = -1) -> Tuple[Tensor, Tensor]:
+    """Sum the values of equal indices: the union, ascending. Raises on an index outside [0, numel)
+    or (when ``partition >= 0``) one that h0 does not send to ``partition``."""
+    return torch.ops.zen.aggregate(indices, values, numel, num_partitions, seed, partition)
+
+
+def bitmap_index_sets(numel: int, num_partitions: int, seed: int, device="cpu") -> Tuple[Tensor, Tensor]:
+    """(sets, offsets): I_j = sorted {i < numel : h0(i) = j} is ``sets[offsets[j]:offsets[j+1]]``."""
+    return torch.ops.zen.bitmap_index_sets(torch.empty(0, device=device), numel, num_partitions, seed)
+
+
+def bitmap_encode(indices: Tensor, index_set: Tensor) -> Tensor:
+    """Bitmap (uint8, bit r is byte r // 8, bit r % 8) over ``index_set`` of an ascending subset of it."""
+    return torch.ops.zen.bitmap_encode(indices, index_set)
+
+
+def bitmap_decode(bitmap: Tensor, index_set: Tensor, count: int = -1) -> Tensor:
+    """Indices (ascending) of the set bits of ``bitmap`` over ``index_set``; checks the length and,
+    when ``count >= 0``, that exactly ``count`` bits are set."""
+    return torch.ops.zen.bitmap_decode(bitmap, index_set, count)
+
+
+def scatter_(out: Tensor, indices: Tensor, values: Tensor) -> Tensor:
+    """out[indices] = values on a contiguous 1-D ``out``, bounds checked. Returns ``out``."""
+    torch.ops.zen.scatter_(out, indices, values)
+    return out

@@ -1,0 +1,134 @@
+"""``scheme="zen"``: Balanced Parallelism (ZEN, OSDI 2025).
+
+Every rank is the server of one partition of the index space, chosen by the level-1 hash h0:
+
+1. partition: the local non-zeros are split by h0 (hierarchical hashing, ``ops.partition``);
+2. agree: all ranks exchange the piece sizes (and check they called with the same tensor);
+3. push: all-to-all, piece j to rank j, so equal indices meet on one server;
+4. aggregate: server j sums what it received into U_j, the union of its partition;
+5. pull: every server sends U_j to all, as COO indices or as a hash bitmap over
+   I_j = {i : h0(i) = j}, whichever is smaller; every rank writes the union into its output.
+
+With n ranks, M elements, density d, union growth gamma = |U| / (M d) and partition imbalance lambda,
+each rank sends (n-1)/n * lambda * M d (s_i + s_v) bytes in the push and
+(n-1)/n * lambda * min(gamma M d (s_i + s_v), gamma M d s_v + M / 8) in the pull.
+"""
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import ops, wire
+from ..cost import balanced_bytes, dense_bytes
+from .base import Call, Scheme
+
+
+class BalancedParallelism(Scheme):
+    name = "zen"
+
+    def __init__(self, num_probes: int = 3, table_factor: float = 2.0, serial_factor: float = 0.1,
+                 dense_switch: bool = False, dense_threshold: Optional[float] = None):
+        """``dense_switch``: after the size exchange, send the whole tensor dense (all ranks alike) when the
+        cost formulas say dense is cheaper, or when the mean density exceeds ``dense_threshold``."""
+        self.num_probes = num_probes
+        self.table_factor = table_factor
+        self.serial_factor = serial_factor
+        self.dense_switch = dense_switch
+        self.dense_threshold = dense_threshold
+        self.gamma = {}  # numel -> union growth observed in the last call, for the dense switch
+
+    def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
+        indices, values = ops.nonzero(flat)
+        pieces = self._sync(call, indices, values, flat.numel(), dense_fallback=flat if self.dense_switch else None)
+        for union_indices, union_values in pieces:
+            ops.scatter_(flat, union_indices, union_values)
+
+    def reduce_coo(self, call, indices, values, numel):
+        return self._sync(call, indices, values, numel, dense_fallback=None)
+
+    def _go_dense(self, nnz_per_rank, numel, n, index_size, value_size) -> bool:
+        mean_density = sum(nnz_per_rank) / (n * numel) if numel else 0.0
+        if self.dense_threshold is not None:
+            return mean_density > self.dense_threshold
+        gamma = self.gamma.get(numel, float(n))
+        sparse = balanced_bytes(numel, mean_density, n, gamma, 1.0, index_size, value_size)
+        return sparse >= dense_bytes(numel, n, value_size)
+
+    def _sync(self, call: Call, indices, values, numel, dense_fallback):
+        comm = call.comm
+        n, me, seed = comm.world, comm.rank, comm.seed
+        idx_dtype, val_dtype = wire.index_dtype(numel), values.dtype
+        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), values.element_size()
+        indices = indices.to(idx_dtype)
+
+        # 1-2. partition, then agree on sizes: counts[p][j] = pairs rank p sends to partition j.
+        part_idx, part_val, counts, part_stats = ops.partition(
+            indices, values, n, seed, self.num_probes, self.table_factor, self.serial_factor)
+        counts = call.agree(counts.tolist()).tolist()
+        nnz = [sum(row) for row in counts]
+        loads = [sum(counts[p][j] for p in range(n)) for j in range(n)]
+        call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
+                          partition_fallback=int(part_stats[2]))
+        if dense_fallback is not None and self._go_dense(nnz, numel, n, si, sv):
+            dist.all_reduce(dense_fallback, group=comm.group)
+            call.stats.update(dense=True, bytes_sent=dense_bytes(numel, n, sv))
+            return []
+
+        # 3. push.
+        send, send_splits = wire.pack_coo_pieces(part_idx, part_val, counts[me])
+        recv_counts = [counts[p][me] for p in range(n)]
+        recv_splits = [wire.coo_bytes(c, si, sv) for c in recv_counts]
+        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=send.device)
+        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=comm.group)
+
+        # 4. aggregate my partition.
+        pieces = [wire.unpack_coo(buf, c, idx_dtype, val_dtype)
+                  for buf, c in zip(wire.split(recv, recv_splits), recv_counts)]
+        union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
+                                             numel, n, seed, me)
+
+        # 5. pull, in the smaller format.
+        payload, fmt = self._encode_pull(comm, union_idx, union_val, numel, si, sv)
+        sizes = self._exchange_pull_sizes(comm, union_idx.numel(), fmt, payload.numel())
+        pull_splits = [s[2] for s in sizes]
+        pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=payload.device)
+        dist.all_to_all_single(pulled, payload.repeat(n), pull_splits, [payload.numel()] * n, group=comm.group)
+
+        union = sum(s[0] for s in sizes)
+        mean_nnz = sum(nnz) / n
+        if mean_nnz > 0:
+            self.gamma[numel] = union / mean_nnz
+        call.stats.update(union=union, gamma=union / mean_nnz if mean_nnz else 0.0, pull_format=fmt,
+                          bytes_sent=send.numel() - send_splits[me] + (n - 1) * payload.numel())
+        out = []
+        for j, (buf, (count, fmt_j, _)) in enumerate(zip(wire.split(pulled, pull_splits), sizes)):
+            out.append(self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, val_dtype))
+        return out
+
+    @staticmethod
+    def _encode_pull(comm, union_idx, union_val, numel, si, sv):
+        n, me = comm.world, comm.rank
+        count = union_idx.numel()
+        coo = wire.coo_bytes(count, si, sv)
+        # |I_j| is about numel / n; look at the cached index sets only when the bitmap may win.
+        if wire.bitmap_bytes(count, numel // n, sv) < 1.25 * coo:
+            sets, offsets = comm.index_sets(numel, union_idx.device)
+            index_set = sets[offsets[me]:offsets[me + 1]]
+            if wire.bitmap_bytes(count, index_set.numel(), sv) < coo:
+                return wire.pack_bitmap(ops.bitmap_encode(union_idx, index_set), union_val), wire.BITMAP
+        return wire.pack_coo(union_idx, union_val), wire.COO
+
+    @staticmethod
+    def _exchange_pull_sizes(comm, count, fmt, nbytes):
+        return comm.all_gather_rows([count, fmt, nbytes]).tolist()
+
+    @staticmethod
+    def _decode_pull(comm, buf, j, count, fmt, numel, idx_dtype, val_dtype):
+        if fmt == wire.COO:
+            return wire.unpack_coo(buf, count, idx_dtype, val_dtype)
+        if fmt != wire.BITMAP:
+            raise ValueError(f"zen: corrupt pull header from rank {j}: unknown format {fmt}")
+        sets, offsets = comm.index_sets(numel, buf.device)
+        index_set = sets[offsets[j]:offsets[j + 1]]
+        bitmap, values = wire.unpack_bitmap(buf, count, index_set.numel(), val_dtype)
+        return ops.bitmap_decode(bitmap, index_set, count), values
