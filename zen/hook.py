@@ -81,7 +81,7 @@ class ZenState:
             setattr(self, name, value)
 
 
-def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future:
+def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket`` over the group with zen; returns a pending future of the bucket's buffer."""
     buffer = bucket.buffer()
     comm = state.comm()

@@ -1,0 +1,276 @@
+"""Every kernel against its plain-torch reference (tests/reference.py), with hypothesis."""
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import zen
+from zen import ops
+
+from conftest import DEVICE
+from reference import aggregate as ref_aggregate
+from reference import index_sets as ref_index_sets
+from reference import nonzero as ref_nonzero
+from reference import partition_of
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+seeds = st.integers(min_value=0, max_value=2**63 - 1)
+
+
+@st.composite
+def sparse_index_sets(draw, max_numel=5000):
+    """Unique indices in [0, numel): uniform, skewed to the front (as frequency-ordered embeddings), or
+    adversarial (the edges 0 and numel-1, one dense run)."""
+    numel = draw(st.integers(1, max_numel))
+    kind = draw(st.sampled_from(["uniform", "skewed", "edges", "run", "empty", "full"]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    if kind == "uniform":
+        mask = torch.rand(numel, generator=g) < draw(st.floats(0.0, 1.0))
+    elif kind == "skewed":
+        pos = (torch.rand(max(1, numel // 4), generator=g) ** 4 * numel).long()
+        mask = torch.zeros(numel, dtype=torch.bool)
+        mask[pos] = True
+    elif kind == "edges":
+        mask = torch.zeros(numel, dtype=torch.bool)
+        mask[0] = mask[-1] = True
+    elif kind == "run":
+        start = draw(st.integers(0, numel - 1))
+        mask = torch.zeros(numel, dtype=torch.bool)
+        mask[start:start + draw(st.integers(1, numel))] = True
+    elif kind == "empty":
+        mask = torch.zeros(numel, dtype=torch.bool)
+    else:
+        mask = torch.ones(numel, dtype=torch.bool)
+    return numel, torch.nonzero(mask).view(-1)
+
+
+def values_for(count, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randint(-50, 50, (count,), generator=g) * 0.25).to(dtype)
+    return torch.randint(-1000, 1000, (count,), generator=g).to(dtype)
+
+
+# --- hash -----------------------------------------------------------------------------------------------
+@given(st.lists(st.integers(0, 2**62), min_size=1, max_size=50), seeds, st.integers(1, 300))
+def test_hash_partition_matches_documented_h0(indices, seed, n):
+    t = torch.tensor(indices, dtype=torch.int64, device=DEVICE)
+    got = ops.hash_partition(t, n, seed).cpu().tolist()
+    assert got == [partition_of(i, seed, n) for i in indices]
+    assert ops.hash_partition(t.to(torch.int32) if max(indices) < 2**31 else t, n, seed).cpu().tolist() == got
+
+
+def test_hash_partition_is_balanced():
+    counts = torch.bincount(ops.hash_partition(torch.arange(1 << 20, device=DEVICE), 16, 1234).cpu().long())
+    assert counts.max().item() / counts.float().mean().item() < 1.01
+
+
+# --- nonzero ---------------------------------------------------------------------------------------------
+@given(sparse_index_sets(), st.sampled_from(DTYPES))
+def test_nonzero_matches_reference(case, dtype):
+    numel, idx = case
+    dense = torch.zeros(numel, dtype=dtype)
+    dense[idx] = values_for(idx.numel(), dtype, 1)
+    dense[idx[dense[idx] == 0]] = 1  # every chosen position non-zero
+    got_idx, got_val = ops.nonzero(dense.to(DEVICE))
+    ref_idx, ref_val = ref_nonzero(dense)
+    assert got_idx.dtype == torch.int32
+    assert torch.equal(got_idx.cpu().long(), ref_idx)
+    assert torch.equal(got_val.cpu(), ref_val)
+
+
+def test_nonzero_special_values():
+    x = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-45, -1e-45, 0.0], device=DEVICE)
+    idx, val = ops.nonzero(x)
+    assert idx.cpu().tolist() == [2, 3, 4, 5, 6]
+    assert torch.isnan(val[0]) and val[1] == float("inf") and val[2] == -float("inf")
+
+
+def test_nonzero_rejects_bad_input():
+    with pytest.raises(RuntimeError, match="dense must be 1-D"):
+        ops.nonzero(torch.zeros(2, 2, device=DEVICE))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ops.nonzero(torch.zeros(10, device=DEVICE)[::2])
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="2 GiB host tensor")
+def test_nonzero_int64_indices_from_2_pow_31_elements():
+    numel = 2**31 + 8
+    dense = torch.zeros(numel, dtype=torch.uint8)
+    dense[[0, 2**31 - 1, 2**31, numel - 1]] = 7
+    idx, val = ops.nonzero(dense)
+    assert idx.dtype == torch.int64
+    assert idx.tolist() == [0, 2**31 - 1, 2**31, numel - 1] and val.tolist() == [7] * 4
+    del dense
+
+
+# --- partition -------------------------------------------------------------------------------------------
+def check_partition(indices, values, n, seed, **settings):
+    out_idx, out_val, counts, stats = ops.partition(indices.to(DEVICE), values.to(DEVICE), n, seed, **settings)
+    out_idx, out_val, counts, stats = out_idx.cpu(), out_val.cpu(), counts.cpu(), stats.cpu()
+    assert counts.sum().item() == indices.numel() == out_idx.numel()
+    assert stats[0] + stats[1] == indices.numel() or stats[2] == 1
+    offsets = [0] + torch.cumsum(counts, 0).tolist()
+    pairs_in = {}
+    for i, v in zip(indices.tolist(), values.tolist()):
+        pairs_in.setdefault(i, []).append(v)
+    for j in range(n):
+        piece_idx = out_idx[offsets[j]:offsets[j + 1]].tolist()
+        assert all(partition_of(i, seed, n) == j for i in piece_idx)
+        for i, v in zip(piece_idx, out_val[offsets[j]:offsets[j + 1]].tolist()):
+            pairs_in[i].remove(v)  # each pair exactly once
+    assert all(not left for left in pairs_in.values())
+    return stats
+
+
+@given(sparse_index_sets(), st.integers(1, 9), seeds, st.sampled_from([torch.int32, torch.int64]))
+def test_partition_every_pair_lands_once(case, n, seed, idx_dtype):
+    numel, idx = case
+    check_partition(idx.to(idx_dtype), values_for(idx.numel(), torch.float32), n, seed)
+
+
+@given(sparse_index_sets(), st.integers(1, 5), seeds, st.integers(1, 4), st.floats(1.0, 1.5), st.floats(0.0, 0.05))
+def test_partition_with_tiny_tables_falls_back_without_loss(case, n, seed, probes, table_factor, serial_factor):
+    numel, idx = case
+    check_partition(idx.to(torch.int32), values_for(idx.numel(), torch.float64), n, seed, num_probes=probes,
+                    table_factor=table_factor, serial_factor=serial_factor)
+
+
+def test_partition_overflow_forces_the_fallback():
+    idx = torch.arange(20000, dtype=torch.int32)
+    stats = check_partition(idx, values_for(idx.numel(), torch.float32), 3, 7, num_probes=1, table_factor=1.0,
+                            serial_factor=0.0)
+    assert stats[2] == 1
+
+
+def test_partition_all_into_one_partition_and_duplicates():
+    seed, n = 99, 8
+    parts = ops.hash_partition(torch.arange(50000), n, seed)
+    idx = torch.nonzero(parts == 3).view(-1).to(torch.int32)
+    idx = torch.cat([idx, idx[:100], torch.tensor([idx[0].item()] * 5, dtype=torch.int32)])  # duplicates kept
+    stats = check_partition(idx, values_for(idx.numel(), torch.float32), n, seed)
+    assert stats[0] > 0
+
+
+def test_partition_int64_indices_past_2_pow_31():
+    idx = torch.tensor([0, 2**31 - 1, 2**31, 2**40, 2**62], dtype=torch.int64)
+    check_partition(idx, values_for(idx.numel(), torch.float32), 4, 5)
+
+
+def test_partition_rejects_bad_settings():
+    i, v = torch.arange(4, dtype=torch.int32, device=DEVICE), torch.ones(4, device=DEVICE)
+    with pytest.raises(RuntimeError, match="num_probes"):
+        ops.partition(i, v, 2, 0, num_probes=0)
+    with pytest.raises(RuntimeError, match="table_factor"):
+        ops.partition(i, v, 2, 0, table_factor=0.5)
+    with pytest.raises(RuntimeError, match="num_partitions"):
+        ops.partition(i, v, 0, 0)
+    with pytest.raises(RuntimeError, match="same length"):
+        ops.partition(i, v[:3], 2, 0)
+
+
+# --- aggregate -------------------------------------------------------------------------------------------
+@given(st.lists(sparse_index_sets(max_numel=2000), min_size=1, max_size=6), st.sampled_from(DTYPES))
+def test_aggregate_matches_reference(pieces, dtype):
+    numel = max(p[0] for p in pieces)
+    idx = torch.cat([p[1] for p in pieces]).to(torch.int32)
+    val = values_for(idx.numel(), dtype, 3)
+    got_idx, got_val = ops.aggregate(idx.to(DEVICE), val.to(DEVICE), numel)
+    ref_idx, ref_val = ref_aggregate(idx, val)
+    assert torch.equal(got_idx.cpu().long(), ref_idx)
+    assert torch.equal(got_val.cpu(), ref_val)  # quarter-integers: exact in every dtype at this size
+
+
+@given(st.integers(1, 6), seeds)
+def test_aggregate_checks_partition_membership(n, seed):
+    numel = 500
+    parts = ops.hash_partition(torch.arange(numel), n, seed)
+    mine = torch.nonzero(parts == 0).view(-1).to(torch.int32)
+    ops.aggregate(mine.to(DEVICE), torch.ones(mine.numel(), device=DEVICE), numel, n, seed, 0)
+    if n > 1:
+        other = torch.nonzero(parts == 1).view(-1)[:1].to(torch.int32)
+        with pytest.raises(RuntimeError, match="does not belong to partition 0"):
+            ops.aggregate(other.to(DEVICE), torch.ones(1, device=DEVICE), numel, n, seed, 0)
+
+
+def test_aggregate_rejects_out_of_range():
+    for bad in ([-1], [10]):
+        with pytest.raises(RuntimeError, match=r"outside \[0, 10\)"):
+            ops.aggregate(torch.tensor(bad, dtype=torch.int32, device=DEVICE), torch.ones(1, device=DEVICE), 10)
+
+
+# --- hash bitmap -----------------------------------------------------------------------------------------
+@given(st.integers(0, 3000), st.integers(1, 9), seeds)
+def test_index_sets_match_reference(numel, n, seed):
+    sets, offsets = ops.bitmap_index_sets(numel, n, seed, DEVICE)
+    ref = ref_index_sets(numel, n, seed)
+    assert offsets.cpu().tolist() == [0] + torch.cumsum(torch.tensor([r.numel() for r in ref]), 0).tolist()
+    for j in range(n):
+        assert torch.equal(sets[offsets[j]:offsets[j + 1]].cpu().long(), ref[j])
+
+
+@given(st.integers(1, 3000), st.integers(1, 9), seeds, st.floats(0.0, 1.0), st.integers(0, 2**31))
+def test_bitmap_roundtrip(numel, n, seed, density, data_seed):
+    sets, offsets = ops.bitmap_index_sets(numel, n, seed, DEVICE)
+    g = torch.Generator().manual_seed(data_seed)
+    for j in range(n):
+        index_set = sets[offsets[j]:offsets[j + 1]]
+        chosen = index_set[(torch.rand(index_set.numel(), generator=g) < density).to(DEVICE)]
+        bitmap = ops.bitmap_encode(chosen, index_set)
+        assert bitmap.dtype == torch.uint8 and bitmap.numel() == (index_set.numel() + 7) // 8
+        ref_bits = torch.isin(index_set.cpu(), chosen.cpu())
+        for r in range(index_set.numel()):
+            assert bool(bitmap[r // 8].item() >> (r % 8) & 1) == bool(ref_bits[r])
+        assert torch.equal(ops.bitmap_decode(bitmap, index_set, chosen.numel()).cpu(), chosen.cpu())
+
+
+def test_bitmap_rejects_corrupt_input():
+    sets, offsets = ops.bitmap_index_sets(100, 3, 11, DEVICE)
+    index_set = sets[offsets[1]:offsets[2]]
+    other = sets[offsets[0]:offsets[1]]
+    with pytest.raises(RuntimeError, match="not in the partition's index set"):
+        ops.bitmap_encode(other[:1], index_set)
+    with pytest.raises(RuntimeError, match="ascending"):
+        ops.bitmap_encode(index_set[:2].flip(0), index_set)
+    bitmap = ops.bitmap_encode(index_set[:3], index_set)
+    with pytest.raises(RuntimeError, match="truncated or corrupt"):
+        ops.bitmap_decode(bitmap[:-1], index_set, 3)
+    with pytest.raises(RuntimeError, match="bits set, expected 4"):
+        ops.bitmap_decode(bitmap, index_set, 4)
+    if index_set.numel() % 8:
+        bad = bitmap.clone()
+        bad[-1] = 0xFF
+        with pytest.raises(RuntimeError, match="past its index set"):
+            ops.bitmap_decode(bad, index_set, -1)
+
+
+# --- scatter ---------------------------------------------------------------------------------------------
+@given(sparse_index_sets(), st.sampled_from(DTYPES))
+def test_scatter_matches_reference(case, dtype):
+    numel, idx = case
+    val = values_for(idx.numel(), dtype, 5)
+    out = torch.zeros(numel, dtype=dtype, device=DEVICE)
+    ops.scatter_(out, idx.to(torch.int32).to(DEVICE), val.to(DEVICE))
+    ref = torch.zeros(numel, dtype=dtype)
+    ref[idx] = val
+    assert torch.equal(out.cpu(), ref)
+
+
+def test_scatter_rejects_out_of_range():
+    out = torch.zeros(5, device=DEVICE)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.scatter_(out, torch.tensor([0, 5], dtype=torch.int32, device=DEVICE), torch.ones(2, device=DEVICE))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.scatter_(out, torch.tensor([0], dtype=torch.int32, device=DEVICE), torch.ones(1, dtype=torch.float64,
+                                                                                          device=DEVICE))
+
+
+def test_ops_pass_opcheck():
+    idx = torch.tensor([0, 3, 7, 9], dtype=torch.int32, device=DEVICE)
+    val = torch.tensor([1.0, 2.0, 3.0, 4.0], device=DEVICE)
+    torch.library.opcheck(torch.ops.zen.nonzero.default, (torch.tensor([0.0, 1.0, 0.0, 2.0], device=DEVICE),),
+                          test_utils=("test_schema",))
+    torch.library.opcheck(torch.ops.zen.aggregate.default, (idx, val, 10, 1, 0, -1), test_utils=("test_schema",))
+    torch.library.opcheck(torch.ops.zen.scatter_.default, (torch.zeros(10, device=DEVICE), idx, val),
+                          test_utils=("test_schema",))
+    assert zen.ops.hash_partition(idx, 4, 1).dtype == torch.int32
