@@ -1,0 +1,77 @@
+"""Running a function on several local gloo ranks over loopback: for tests, benchmarks and trying zen
+without a cluster.
+
+Each rank is a fresh process (spawn) with its own process group on a free port; results come back to the
+parent by queue. A rank that raises fails the run with its traceback; a run that outlives ``timeout``
+is killed and fails (so a hang is a test failure, never a stuck suite).
+"""
+import os
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, fn, args, queue, pg_timeout):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=pg_timeout))
+        result = fn(rank, world, *args)
+        queue.put((rank, "ok", result))
+    except BaseException:  # noqa: B036  (reported to the parent)
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+class RankError(AssertionError):
+    pass
+
+
+def run_ranks(world, fn, *args, timeout=180, pg_timeout=60, expect_dead=()):
+    """Run ``fn(rank, world, *args)`` on ``world`` ranks; returns the list of results by rank.
+
+    ``expect_dead``: ranks allowed to die without reporting (fault-injection tests)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, pg_timeout), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results, errors = {}, {}
+    import queue as queue_mod
+
+    try:
+        for _ in range(world - len(expect_dead)):
+            try:
+                rank, status, value = queue.get(timeout=timeout)
+            except queue_mod.Empty:
+                raise RankError(f"ranks timed out after {timeout}s; reported: {sorted(results) + sorted(errors)}")
+            (results if status == "ok" else errors)[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        rank = min(errors)
+        raise RankError(f"rank {rank} failed:\n{errors[rank]}")
+    return [results.get(r) for r in range(world)]
