@@ -25,7 +25,8 @@ can reach at most 1448/1514 = 95.6% of R.
 
 Each rank's command runs as `ip netns exec zenK <command>` with MASTER_ADDR=10.99.0.1, MASTER_PORT, RANK,
 WORLD_SIZE, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1 (one rank per emulated host), GLOO_SOCKET_IFNAME=zvK (gloo must
-use the shaped link) and ZEN_CLUSTER_BANDWIDTH_BPS / ZEN_CLUSTER_LATENCY_S (what the links are shaped to).
+use the shaped link) and ZEN_CLUSTER_BANDWIDTH_BPS / ZEN_CLUSTER_LATENCY_S (what the links are shaped to);
+OMP_NUM_THREADS defaults to cores // ranks (at least 1), since all ranks share this machine's cores.
 
 Clean-up is always done: on success, failure, exceptions, Ctrl-C and SIGTERM the ranks' process groups are
 killed and the namespaces deleted (which deletes the veths, the bridge and their qdiscs with them). Leftovers
@@ -177,6 +178,27 @@ def netem_available():
     return False
 
 
+def take_lock():
+    """One cluster at a time on this machine: an exclusive flock, released by the kernel if we die."""
+    os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+    f = open(LOCK_PATH, "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ClusterSetupError(f"another emulated cluster is running (lock {LOCK_PATH} is held)")
+    return f
+
+
+def cleanup_leftovers():
+    """Remove what a crashed earlier run left (never a live run's: that one holds the lock)."""
+    lock = take_lock()
+    try:
+        return remove_namespaces()
+    finally:
+        lock.close()
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the cluster
 
@@ -259,19 +281,11 @@ class EmulatedCluster:
 
     # locking and signals ------------------------------------------------------------------------------
     def _take_lock(self):
-        os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
-        self._lock_file = open(LOCK_PATH, "w")
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.close()
-            self._lock_file = None
-            raise ClusterSetupError(f"another emulated cluster is running (lock {LOCK_PATH} is held)")
+        self._lock_file = take_lock()
 
     def _release_lock(self):
         if self._lock_file is not None:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
+            self._lock_file.close()  # closing the file releases the flock
             self._lock_file = None
 
     def _install_signal_handlers(self):
@@ -440,6 +454,9 @@ class EmulatedCluster:
             return codes
         finally:
             self._kill_all()
+            for rank in range(self.ranks):
+                # processes that left their process group (setsid, daemons) still hold our pipes open
+                _kill_namespace_pids(self.namespace(rank))
             for t in pumps:
                 t.join(timeout=2.0)
 
@@ -493,7 +510,7 @@ class EmulatedCluster:
             return rates
 
         one = streams([(0, 1)])[0]
-        ring = streams([(k, (k + 1) % self.ranks) for k in range(self.ranks)]) if self.ranks > 2 else [one]
+        ring = streams([(k, (k + 1) % self.ranks) for k in range(self.ranks)])
         echo = self.popen(1, [sys.executable, me, "_echo", str(port)])
         ping = self.popen(0, [sys.executable, me, "_ping", self.address(1), str(port), "200"],
                           stdout=subprocess.PIPE)
@@ -513,7 +530,7 @@ class EmulatedCluster:
         }
         print(f"selftest: shaped rate {format_rate(R)} per link and direction\n"
               f"  rank0 -> rank1, 1 stream:      {format_rate(one)} = {100 * one / R:.1f}% of rate\n"
-              f"  ring, all {self.ranks} links at once: min {format_rate(min(ring))} "
+              f"  ring k -> k+1, {self.ranks} streams at once: min {format_rate(min(ring))} "
               f"({100 * min(ring) / R:.1f}%), mean {format_rate(statistics.mean(ring))} "
               f"({100 * statistics.mean(ring) / R:.1f}%)\n"
               f"  TCP ping-pong RTT (median):    {rtt * 1e6:.0f} us\n"
@@ -646,7 +663,7 @@ def main(argv=None):
     try:
         check_prerequisites()
         if args.cleanup:
-            print(f"removed: {' '.join(remove_namespaces()) or 'nothing'}", file=sys.stderr)
+            print(f"removed: {' '.join(cleanup_leftovers()) or 'nothing'}", file=sys.stderr)
             return 0
         cluster = EmulatedCluster(args.ranks, args.bandwidth, args.latency, args.master_port, args.mtu,
                                   args.queue_ms, verbose=not args.quiet)

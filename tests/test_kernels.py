@@ -109,7 +109,10 @@ def check_partition(indices, values, n, seed, **settings):
     out_idx, out_val, counts, stats = ops.partition(indices.to(DEVICE), values.to(DEVICE), n, seed, **settings)
     out_idx, out_val, counts, stats = out_idx.cpu(), out_val.cpu(), counts.cpu(), stats.cpu()
     assert counts.sum().item() == indices.numel() == out_idx.numel()
-    assert stats[0] + stats[1] == indices.numel() or stats[2] == 1
+    if settings.get("num_probes", 3) == 0:
+        assert stats.tolist() == [0, 0, 0]  # counting sort: no tables
+    else:
+        assert stats[0] + stats[1] == indices.numel() or stats[2] == 1
     offsets = [0] + torch.cumsum(counts, 0).tolist()
     pairs_in = {}
     for i, v in zip(indices.tolist(), values.tolist()):
@@ -126,7 +129,19 @@ def check_partition(indices, values, n, seed, **settings):
 @given(sparse_index_sets(), st.integers(1, 9), seeds, st.sampled_from([torch.int32, torch.int64]))
 def test_partition_every_pair_lands_once(case, n, seed, idx_dtype):
     numel, idx = case
-    check_partition(idx.to(idx_dtype), values_for(idx.numel(), torch.float32), n, seed)
+    check_partition(idx.to(idx_dtype), values_for(idx.numel(), torch.float32), n, seed, num_probes=3)
+
+
+@given(sparse_index_sets(), st.integers(1, 9), seeds)
+def test_partition_by_counting_sort_keeps_pieces_ascending(case, n, seed):
+    numel, idx = case
+    out_idx, _, counts, stats = ops.partition(idx.to(torch.int32).to(DEVICE), torch.ones(idx.numel(), device=DEVICE),
+                                              n, seed, num_probes=0)
+    check_partition(idx.to(torch.int32), values_for(idx.numel(), torch.float32), n, seed, num_probes=0)
+    offsets = [0] + torch.cumsum(counts.cpu(), 0).tolist()
+    for j in range(n):
+        piece = out_idx.cpu()[offsets[j]:offsets[j + 1]]
+        assert torch.equal(piece, piece.sort().values)
 
 
 @given(sparse_index_sets(), st.integers(1, 5), seeds, st.integers(1, 4), st.floats(1.0, 1.5), st.floats(0.0, 0.05))
@@ -148,7 +163,7 @@ def test_partition_all_into_one_partition_and_duplicates():
     parts = ops.hash_partition(torch.arange(50000), n, seed)
     idx = torch.nonzero(parts == 3).view(-1).to(torch.int32)
     idx = torch.cat([idx, idx[:100], torch.tensor([idx[0].item()] * 5, dtype=torch.int32)])  # duplicates kept
-    stats = check_partition(idx, values_for(idx.numel(), torch.float32), n, seed)
+    stats = check_partition(idx, values_for(idx.numel(), torch.float32), n, seed, num_probes=3)
     assert stats[0] > 0
 
 
@@ -160,7 +175,7 @@ def test_partition_int64_indices_past_2_pow_31():
 def test_partition_rejects_bad_settings():
     i, v = torch.arange(4, dtype=torch.int32, device=DEVICE), torch.ones(4, device=DEVICE)
     with pytest.raises(RuntimeError, match="num_probes"):
-        ops.partition(i, v, 2, 0, num_probes=0)
+        ops.partition(i, v, 2, 0, num_probes=-1)
     with pytest.raises(RuntimeError, match="table_factor"):
         ops.partition(i, v, 2, 0, table_factor=0.5)
     with pytest.raises(RuntimeError, match="num_partitions"):
@@ -179,6 +194,17 @@ def test_aggregate_matches_reference(pieces, dtype):
     ref_idx, ref_val = ref_aggregate(idx, val)
     assert torch.equal(got_idx.cpu().long(), ref_idx)
     assert torch.equal(got_val.cpu(), ref_val)  # quarter-integers: exact in every dtype at this size
+
+
+@given(sparse_index_sets(max_numel=3000), st.integers(0, 2**31))
+def test_aggregate_unordered_input(case, shuffle_seed):
+    numel, idx = case
+    idx = torch.cat([idx, idx, idx[: idx.numel() // 2]])
+    idx = idx[torch.randperm(idx.numel(), generator=torch.Generator().manual_seed(shuffle_seed))].to(torch.int32)
+    val = values_for(idx.numel(), torch.float32, 4)
+    got_idx, got_val = ops.aggregate(idx.to(DEVICE), val.to(DEVICE), numel)
+    ref_idx, ref_val = ref_aggregate(idx, val)
+    assert torch.equal(got_idx.cpu().long(), ref_idx) and torch.equal(got_val.cpu(), ref_val)
 
 
 @given(st.integers(1, 6), seeds)

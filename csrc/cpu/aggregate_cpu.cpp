@@ -1,12 +1,13 @@
-// Aggregation of one partition: the (index, value) pairs every peer pushed, summed per index.
-// An open-addressing table keyed by index + 1 sums in arrival order (peer 0 first, so the result is
-// deterministic); the union is then sorted by index, the order the hash bitmap and the scatter expect.
+// Aggregation of one partition: the (index, value) pairs every peer pushed, summed per index, into the
+// union ascending (the order the hash bitmap and the scatter expect). Sums run in arrival order (peer 0
+// first), in float for half types, so the result is deterministic.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <numeric>
+#include <queue>
 #include <vector>
 
 #include "zen/checks.h"
@@ -15,20 +16,9 @@
 namespace zen {
 namespace {
 
-template <typename index_t, typename scalar_t>
-void aggregate(const index_t* idx, const scalar_t* val, int64_t count, int64_t numel, int64_t num_partitions,
-               int64_t seed, int64_t partition, at::Tensor& out_idx, at::Tensor& out_val) {
-  using acc_t = at::opmath_type<scalar_t>;
-  uint64_t capacity = 16;
-  while (capacity < 2 * static_cast<uint64_t>(count)) capacity <<= 1;
-  const uint64_t mask = capacity - 1;
-  std::vector<int64_t> keys(capacity, kEmptySlot);
-  std::vector<int64_t> slot_of_entry;  // entries in first-seen order
-  std::vector<acc_t> sums;
-  slot_of_entry.reserve(count);
-  sums.reserve(count);
-  std::vector<int64_t> entry_of_slot(capacity);
-
+template <typename index_t>
+void validate(const index_t* idx, int64_t count, int64_t numel, int64_t num_partitions, int64_t seed,
+              int64_t partition) {
   for (int64_t i = 0; i < count; ++i) {
     const int64_t index = static_cast<int64_t>(idx[i]);
     TORCH_CHECK(index >= 0 && index < numel, "received index ", index, " is outside [0, ", numel,
@@ -36,31 +26,63 @@ void aggregate(const index_t* idx, const scalar_t* val, int64_t count, int64_t n
     TORCH_CHECK(partition < 0 || partition_of(index, (uint64_t)seed, (uint32_t)num_partitions) == partition,
                 "received index ", index, " does not belong to partition ", partition,
                 ": corrupt buffer or peers with different seeds");
-    uint64_t s = fmix64(static_cast<uint64_t>(index)) & mask;
-    while (keys[s] != kEmptySlot && keys[s] != index + 1) s = (s + 1) & mask;
-    if (keys[s] == kEmptySlot) {
-      keys[s] = index + 1;
-      entry_of_slot[s] = static_cast<int64_t>(sums.size());
-      slot_of_entry.push_back(static_cast<int64_t>(s));
-      sums.push_back(static_cast<acc_t>(val[i]));
-    } else {
-      sums[entry_of_slot[s]] += static_cast<acc_t>(val[i]);
-    }
   }
+}
 
+// Start of every maximal ascending run (and count at the end).
+template <typename index_t>
+std::vector<int64_t> ascending_runs(const index_t* idx, int64_t count) {
+  std::vector<int64_t> starts{0};
+  for (int64_t i = 1; i < count; ++i)
+    if (idx[i] <= idx[i - 1]) starts.push_back(i);
+  starts.push_back(count);
+  return starts;
+}
+
+template <typename index_t, typename scalar_t>
+void aggregate(const index_t* idx, const scalar_t* val, int64_t count, at::Tensor& out_idx, at::Tensor& out_val) {
+  using acc_t = at::opmath_type<scalar_t>;
+  std::vector<index_t> union_idx;
+  std::vector<acc_t> sums;
+  union_idx.reserve(count);
+  sums.reserve(count);
+  auto add = [&](int64_t i) {
+    if (!union_idx.empty() && union_idx.back() == idx[i]) {
+      sums.back() += static_cast<acc_t>(val[i]);
+    } else {
+      union_idx.push_back(idx[i]);
+      sums.push_back(static_cast<acc_t>(val[i]));
+    }
+  };
+  const std::vector<int64_t> runs = ascending_runs(idx, count);
+  const int64_t num_runs = static_cast<int64_t>(runs.size()) - 1;
+  if (num_runs <= 256) {
+    // The pieces from the peers arrive ascending: a k-way merge. Ties pop the earlier run first, so the
+    // sum runs in peer order, as a sequential sum would.
+    using Head = std::pair<index_t, int64_t>;  // (index, run)
+    std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+    std::vector<int64_t> cursor(runs.begin(), runs.end() - 1);
+    for (int64_t r = 0; r < num_runs; ++r)
+      if (cursor[r] < runs[r + 1]) heads.push({idx[cursor[r]], r});
+    while (!heads.empty()) {
+      const int64_t r = heads.top().second;
+      heads.pop();
+      add(cursor[r]++);
+      if (cursor[r] < runs[r + 1]) heads.push({idx[cursor[r]], r});
+    }
+  } else {
+    // Unordered input (e.g. pieces from the hash-table partition): a stable sort by index.
+    std::vector<int64_t> order(count);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
+    for (int64_t i : order) add(i);
+  }
   const int64_t unique = static_cast<int64_t>(sums.size());
-  std::vector<int64_t> order(unique);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](int64_t a, int64_t b) { return keys[slot_of_entry[a]] < keys[slot_of_entry[b]]; });
   out_idx = at::empty({unique}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
   out_val = at::empty({unique}, at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value));
-  auto* oi = out_idx.data_ptr<index_t>();
+  std::copy(union_idx.begin(), union_idx.end(), out_idx.data_ptr<index_t>());
   auto* ov = out_val.data_ptr<scalar_t>();
-  for (int64_t u = 0; u < unique; ++u) {
-    oi[u] = static_cast<index_t>(keys[slot_of_entry[order[u]]] - 1);
-    ov[u] = static_cast<scalar_t>(sums[order[u]]);
-  }
+  for (int64_t u = 0; u < unique; ++u) ov[u] = static_cast<scalar_t>(sums[u]);
 }
 
 std::tuple<at::Tensor, at::Tensor> aggregate_cpu(const at::Tensor& indices, const at::Tensor& values, int64_t numel,
@@ -71,9 +93,10 @@ std::tuple<at::Tensor, at::Tensor> aggregate_cpu(const at::Tensor& indices, cons
   TORCH_CHECK(partition < num_partitions, "partition must be < num_partitions, got ", partition);
   at::Tensor out_idx, out_val;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "zen_aggregate", [&] {
+    validate(indices.const_data_ptr<index_t>(), indices.numel(), numel, num_partitions, seed, partition);
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "zen_aggregate", [&] {
       aggregate<index_t, scalar_t>(indices.const_data_ptr<index_t>(), values.const_data_ptr<scalar_t>(),
-                                   indices.numel(), numel, num_partitions, seed, partition, out_idx, out_val);
+                                   indices.numel(), out_idx, out_val);
     });
   });
   return {out_idx, out_val};

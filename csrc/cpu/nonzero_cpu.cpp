@@ -19,50 +19,52 @@ void extract(const scalar_t* data, int64_t numel, at::Tensor& indices, at::Tenso
   constexpr int64_t kBlock = 16;
   const auto* bits = reinterpret_cast<const bits_t*>(data);
 
-  // Contiguous chunks, each collecting its own non-zeros; then one copy into the outputs.
-  const int64_t chunk = std::max<int64_t>(1 << 16, (numel + 4 * at::get_num_threads() - 1) / (4 * at::get_num_threads()));
+  // Pass 1 counts the non-zeros of each chunk (a branch-free loop the compiler vectorises); pass 2 writes
+  // them at the chunk's prefix sum. Each block of 16 is OR-tested first, so zero runs cost one load each.
+  const int64_t chunk = 1 << 16;
   const int64_t num_chunks = (numel + chunk - 1) / chunk;
-  std::vector<std::vector<index_t>> chunk_indices(num_chunks);
-  std::vector<std::vector<bits_t>> chunk_values(num_chunks);
-
+  std::vector<int64_t> offset(num_chunks + 1, 0);
   at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      const int64_t begin = c * chunk, end = std::min(numel, begin + chunk);
-      auto& idx = chunk_indices[c];
-      auto& val = chunk_values[c];
-      int64_t i = begin;
-      for (; i + kBlock <= end; i += kBlock) {
-        bits_t any = 0;
-        for (int64_t j = 0; j < kBlock; ++j) any |= bits[i + j] & Bits::kMask;
-        if (any == 0) continue;
-        for (int64_t j = 0; j < kBlock; ++j) {
-          if (bits[i + j] & Bits::kMask) {
-            idx.push_back(static_cast<index_t>(i + j));
-            val.push_back(bits[i + j]);
-          }
-        }
-      }
-      for (; i < end; ++i) {
-        if (bits[i] & Bits::kMask) {
-          idx.push_back(static_cast<index_t>(i));
-          val.push_back(bits[i]);
-        }
-      }
+      int64_t count = 0;
+      for (int64_t i = c * chunk, e = std::min(numel, i + chunk); i < e; ++i) count += (bits[i] & Bits::kMask) != 0;
+      offset[c + 1] = count;
     }
   });
-
-  std::vector<int64_t> offset(num_chunks + 1, 0);
-  for (int64_t c = 0; c < num_chunks; ++c) offset[c + 1] = offset[c] + static_cast<int64_t>(chunk_indices[c].size());
+  for (int64_t c = 0; c < num_chunks; ++c) offset[c + 1] += offset[c];
   indices = at::empty({offset[num_chunks]}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
   values = at::empty({offset[num_chunks]}, at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value));
   auto* out_idx = indices.data_ptr<index_t>();
   auto* out_val = reinterpret_cast<bits_t*>(values.data_ptr());
   at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    index_t stage_idx[kBlock];
+    bits_t stage_val[kBlock];
     for (int64_t c = c0; c < c1; ++c) {
-      const size_t n = chunk_indices[c].size();
-      if (n == 0) continue;
-      std::memcpy(out_idx + offset[c], chunk_indices[c].data(), n * sizeof(index_t));
-      std::memcpy(out_val + offset[c], chunk_values[c].data(), n * sizeof(bits_t));
+      int64_t out = offset[c];
+      const int64_t end = std::min(numel, (c + 1) * chunk);
+      int64_t i = c * chunk;
+      for (; i + kBlock <= end; i += kBlock) {
+        bits_t any = 0;
+        for (int64_t j = 0; j < kBlock; ++j) any |= bits[i + j] & Bits::kMask;
+        if (any == 0) continue;
+        // Branch-free into a stage (every slot written, the cursor advances on non-zeros), then one copy.
+        int k = 0;
+        for (int64_t j = 0; j < kBlock; ++j) {
+          stage_idx[k] = static_cast<index_t>(i + j);
+          stage_val[k] = bits[i + j];
+          k += (bits[i + j] & Bits::kMask) != 0;
+        }
+        std::memcpy(out_idx + out, stage_idx, k * sizeof(index_t));
+        std::memcpy(out_val + out, stage_val, k * sizeof(bits_t));
+        out += k;
+      }
+      for (; i < end; ++i) {
+        if (bits[i] & Bits::kMask) {
+          out_idx[out] = static_cast<index_t>(i);
+          out_val[out++] = bits[i];
+        }
+      }
+      TORCH_INTERNAL_ASSERT(out == offset[c + 1]);
     }
   });
 }

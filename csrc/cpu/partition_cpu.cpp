@@ -7,6 +7,10 @@
 // partition's serial memory (ceil(serial_factor * slots_j) entries) through an atomic counter. If a
 // serial memory overflows, the tables are dropped and an exact counting sort runs instead: nothing is
 // ever lost. Slots hold input position + 1 (0 = empty), so index 0 and duplicates are kept as well.
+//
+// num_probes == 0 skips level 2 and runs the stable counting sort directly: on CPU caches the random
+// table accesses cost more than the sort they avoid (see the README's kernel table), and the pieces of
+// an ascending input stay ascending, which lets the servers merge instead of hash.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -42,10 +46,28 @@ void count_partitions(const index_t* idx, int64_t nnz, uint32_t n, uint64_t seed
   for (uint32_t j = 0; j < n; ++j) counts[j] = shared[j].load();
 }
 
-// Exact fallback: a stable counting sort by partition.
-void counting_sort(const int32_t* part, int64_t nnz, const std::vector<int64_t>& offsets, int64_t* order) {
-  std::vector<int64_t> cursor(offsets.begin(), offsets.end() - 1);
-  for (int64_t i = 0; i < nnz; ++i) order[cursor[part[i]]++] = i;
+// A stable counting sort by partition: the exact fallback, and the whole method when num_probes == 0.
+// Chunks count their partitions, then write at (partition offset + counts of earlier chunks).
+void counting_sort(const int32_t* part, int64_t nnz, uint32_t n, const std::vector<int64_t>& offsets, int64_t* order) {
+  const int64_t chunk = 1 << 16;
+  const int64_t num_chunks = (nnz + chunk - 1) / chunk;
+  std::vector<int64_t> cursor(num_chunks * n, 0);
+  at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = c * chunk, e = std::min(nnz, i + chunk); i < e; ++i) ++cursor[c * n + part[i]];
+  });
+  for (uint32_t j = 0; j < n; ++j) {
+    int64_t at = offsets[j];
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const int64_t count = cursor[c * n + j];
+      cursor[c * n + j] = at;
+      at += count;
+    }
+  }
+  at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = c * chunk, e = std::min(nnz, i + chunk); i < e; ++i) order[cursor[c * n + part[i]]++] = i;
+  });
 }
 
 // Returns false when a serial memory overflowed (the caller then falls back).
@@ -113,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> partition_cpu(
     int64_t num_probes, double table_factor, double serial_factor) {
   check_pair(indices, values);
   check_partitions(num_partitions);
-  TORCH_CHECK(num_probes >= 1 && num_probes <= 16, "num_probes must be in [1, 16], got ", num_probes);
+  TORCH_CHECK(num_probes >= 0 && num_probes <= 16, "num_probes must be in [0, 16], got ", num_probes);
   TORCH_CHECK(table_factor >= 1.0, "table_factor must be >= 1 (slots per element), got ", table_factor);
   TORCH_CHECK(serial_factor >= 0.0, "serial_factor must be >= 0, got ", serial_factor);
   const int64_t nnz = indices.numel();
@@ -128,9 +150,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> partition_cpu(
     count_partitions(idx, nnz, n, (uint64_t)seed, part.data_ptr<int32_t>(), counts);
     std::vector<int64_t> offsets(n + 1, 0);
     for (uint32_t j = 0; j < n; ++j) offsets[j + 1] = offsets[j] + counts[j];
-    if (!hash_tables(idx, part.data_ptr<int32_t>(), nnz, (uint64_t)seed, (int)num_probes, counts, table_factor,
-                     serial_factor, offsets, order.data_ptr<int64_t>(), stats.data_ptr<int64_t>())) {
-      counting_sort(part.data_ptr<int32_t>(), nnz, offsets, order.data_ptr<int64_t>());
+    if (num_probes == 0) {
+      counting_sort(part.data_ptr<int32_t>(), nnz, n, offsets, order.data_ptr<int64_t>());
+    } else if (!hash_tables(idx, part.data_ptr<int32_t>(), nnz, (uint64_t)seed, (int)num_probes, counts,
+                            table_factor, serial_factor, offsets, order.data_ptr<int64_t>(), stats.data_ptr<int64_t>())) {
+      counting_sort(part.data_ptr<int32_t>(), nnz, n, offsets, order.data_ptr<int64_t>());
       stats.data_ptr<int64_t>()[2] = 1;
     }
   });

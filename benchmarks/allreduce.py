@@ -1,0 +1,232 @@
+"""Microbenchmark of zen's all-reduce schemes against dense allreduce (nccl-tests style).
+
+    python benchmarks/allreduce.py                                    # 4 local ranks on loopback
+    python benchmarks/allreduce.py --world 8 --bandwidth 1gbit        # emulated cluster (root)
+    python benchmarks/allreduce.py --workload text --json out.json --plot out.png
+
+Every iteration runs the schemes side by side (A B C, A B C, ...) on the same data, each call timed as
+the slowest rank's time, and every result is compared with torch.distributed.all_reduce of the same
+data (#wrong counts elements off by more than the dtype's tolerance). One row per (size, density,
+scheme):
+
+    time     median (min, max) over iterations of the slowest rank's time of one call
+    algbw    numel * s_v / time, as nccl-tests defines it (GB/s)
+    sent     bytes one rank sent in one call (mean over ranks), as the scheme reports it
+    speedup  dense median / scheme median
+    imb      max/mean load of the n partitions of the union, by zen's hash and by a contiguous split
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().lower()
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9}.get(text[-1], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world", type=int, default=4, help="ranks to start on this machine (default 4)")
+    p.add_argument("--sizes", default="4M", help="comma-separated element counts, e.g. 1M,16M (ignored by --workload text)")
+    p.add_argument("--densities", default="0.001,0.01,0.1", help="comma-separated per-rank densities")
+    p.add_argument("--workload", default="uniform", choices=["uniform", "zipf", "text"])
+    p.add_argument("--text-dim", type=int, default=128, help="embedding dim of the text workload")
+    p.add_argument("--text-batch", type=int, default=2048, help="tokens per rank per step of the text workload")
+    p.add_argument("--schemes", default=None, help="comma-separated, default: every scheme (zen.SCHEMES)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bandwidth", default=None, help="emulated link rate, e.g. 1gbit (runs an emulated cluster, root)")
+    p.add_argument("--latency", default="0ms", help="emulated one-way link latency, e.g. 0.1ms")
+    p.add_argument("--json", default=None, help="write the rows as JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG plot here (speedup vs density)")
+    p.add_argument("--from-env", action="store_true", help=argparse.SUPPRESS)  # one rank, launched by torchrun/cluster
+    return p
+
+
+def workload_tensor(args, numel, density, rank, step):
+    import workloads
+
+    dtype = DTYPES[args.dtype]
+    if args.workload == "uniform":
+        return workloads.uniform(numel, density, rank, args.seed + step, dtype)
+    if args.workload == "zipf":
+        return workloads.zipf(numel, density, rank, args.seed + step, dtype)
+    corpus = workloads.StdlibCorpus()
+    return workloads.embedding_gradient(corpus, args.text_dim, args.text_batch, rank, step, args.seed, dtype)
+
+
+def cases(args):
+    if args.workload == "text":
+        import workloads
+
+        corpus = workloads.StdlibCorpus()
+        return [(corpus.vocab_size * args.text_dim, None)]
+    return [(parse_size(s), float(d)) for s in args.sizes.split(",") for d in args.densities.split(",")]
+
+
+def imbalance(loads):
+    loads = loads.double()
+    return (loads.max() / loads.mean()).item() if loads.sum() > 0 else 1.0
+
+
+def run_case(args, schemes, numel, density, rank, world):
+    """Times every scheme on one case; returns a row per scheme (on every rank)."""
+    import zen
+    from zen import ops
+
+    x0 = workload_tensor(args, numel, density, rank, 0)
+    truth = x0.clone()
+    dist.all_reduce(truth)
+    union_idx = torch.nonzero(truth).view(-1)
+    comm = zen.comm.get_comm()
+    hash_imb = imbalance(torch.bincount(ops.hash_partition(union_idx, world, comm.seed).long(), minlength=world))
+    contiguous_imb = imbalance(torch.bincount(union_idx * world // max(1, numel), minlength=world))
+    nnz = torch.tensor([float((x0 != 0).sum())])
+    dist.all_reduce(nnz)
+    tol = TOLERANCE[x0.dtype]
+    times = {s: [] for s in schemes}
+    sent = {s: [] for s in schemes}
+    wrong = {s: 0 for s in schemes}
+    for it in range(args.warmup + args.iters):
+        for scheme in schemes:
+            x = x0.clone()
+            stats = {}
+            dist.barrier()
+            start = time.perf_counter()
+            if scheme == "dense":
+                dist.all_reduce(x)  # the baseline is torch.distributed itself
+                stats["bytes_sent"] = 2 * (world - 1) * numel * x.element_size() / world
+            else:
+                zen.all_reduce(x, scheme=scheme, stats=stats)
+            elapsed = time.perf_counter() - start
+            if it >= args.warmup:
+                times[scheme].append(elapsed)
+                sent[scheme].append(stats.get("bytes_sent", float("nan")))
+                bad = ~torch.isclose(x.double(), truth.double(), rtol=tol, atol=tol * truth.abs().max().item())
+                wrong[scheme] += int(bad.sum())
+    # The time of a call is its slowest rank's.
+    rows = []
+    dense_median = None
+    for scheme in schemes:
+        t = torch.tensor(times[scheme], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        w = torch.tensor([wrong[scheme]], dtype=torch.int64)
+        dist.all_reduce(w)
+        b = torch.tensor([statistics.mean(sent[scheme])], dtype=torch.float64)
+        dist.all_reduce(b)
+        median = statistics.median(t.tolist())
+        if scheme == "dense":
+            dense_median = median
+        rows.append({
+            "scheme": scheme, "numel": numel, "dtype": args.dtype, "world": world, "workload": args.workload,
+            "nnz_per_rank": nnz.item() / world, "density": nnz.item() / world / numel,
+            "union_density": union_idx.numel() / numel, "imbalance_hash": hash_imb,
+            "imbalance_contiguous": contiguous_imb, "time_median": median, "time_min": t.min().item(),
+            "time_max": t.max().item(), "algbw_GBps": numel * x0.element_size() / median / 1e9,
+            "bytes_sent": b.item() / world, "wrong": int(w.item()),
+        })
+    for row in rows:
+        row["speedup_vs_dense"] = dense_median / row["time_median"] if dense_median else float("nan")
+    return rows
+
+
+def format_table(rows):
+    head = (f"{'numel':>11} {'nnz/rank':>9} {'union':>7} {'imb hash':>8} {'imb cont':>8} {'scheme':>10} "
+            f"{'time ms':>9} {'(min':>8} {'max)':>8} {'algbw':>7} {'sent MB':>8} {'speedup':>7} {'#wrong':>6}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['union_density']:>7.2%} {r['imbalance_hash']:>8.2f} "
+                     f"{r['imbalance_contiguous']:>8.2f} {r['scheme']:>10} {r['time_median'] * 1e3:>9.2f} "
+                     f"{r['time_min'] * 1e3:>8.2f} {r['time_max'] * 1e3:>8.2f} {r['algbw_GBps']:>7.2f} "
+                     f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}")
+    return "\n".join(lines)
+
+
+def bench(rank, world, args):
+    """One rank's whole run; returns the rows (rank 0's are printed)."""
+    import zen
+
+    schemes = args.schemes.split(",") if args.schemes else list(zen.SCHEMES)
+    if "dense" in schemes:
+        schemes.remove("dense")
+    schemes = ["dense"] + schemes  # the baseline first in every round
+    all_rows = []
+    todo = cases(args)
+    for i, (numel, density) in enumerate(todo):
+        rows = run_case(args, schemes, numel, density, rank, world)
+        all_rows += rows
+        if rank == 0:
+            print(f"[{i + 1}/{len(todo)}] numel={numel} density={density}", file=sys.stderr, flush=True)
+    return all_rows
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for scheme in sorted({r["scheme"] for r in rows}):
+        pts = sorted((r["density"], r["speedup_vs_dense"]) for r in rows if r["scheme"] == scheme)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=scheme)
+    ax.set_xscale("log")
+    ax.set_xlabel("density per rank")
+    ax.set_ylabel("speedup vs dense allreduce")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def report(rows, args):
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.from_env:  # one rank of an externally launched job
+        dist.init_process_group("gloo", init_method="env://")
+        torch.set_num_threads(1)
+        rows = bench(dist.get_rank(), dist.get_world_size(), args)
+        if dist.get_rank() == 0:
+            report(rows, args)
+        dist.destroy_process_group()
+        return 0
+    if args.bandwidth:
+        from cluster import EmulatedCluster
+
+        cmd = [sys.executable, os.path.abspath(__file__), "--from-env"] + [a for a in (argv or sys.argv[1:])]
+        with EmulatedCluster(args.world, args.bandwidth, args.latency) as cluster:
+            codes = cluster.run(cmd)
+        return max(codes, key=abs)
+    from zen.local import run_ranks
+
+    rows = run_ranks(args.world, bench, args, timeout=3600)[0]
+    report(rows, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
