@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Compiles every CUDA source of csrc/cuda with nvcc for sm_80 and sm_90, without torch: a check that the
-# kernels build on a machine with no GPU (the binding, ops_cuda.cpp, needs torch's CUDA headers and is
-# built by setup.py only). Objects go to a temporary directory. One line per file; exits non-zero if any
-# file fails, 0 with a note if nvcc is absent.
-#   usage: bash benchmarks/compile_cuda.sh            (from anywhere; paths are the repo's)
-#   NVCC=/path/to/nvcc  NVCC_FLAGS="-lineinfo"  to override
+# kernels build on a machine with no GPU. Objects go to a temporary directory. Files compile in parallel
+# (JOBS, default: the number of cores); one line per file; exits 1 if any file fails, 0 with a note if
+# nvcc is absent.
+# The binding, csrc/cuda/ops_cuda.cpp, needs torch: when a Python with torch is found ($PYTHON, else
+# python3, python) and its headers include c10/cuda (CPU builds ship them too), it gets a g++ syntax
+# check against them; otherwise a "skip" line.
+#   usage: bash benchmarks/compile_cuda.sh          (paths are relative to the repository root)
+#   NVCC=/path/to/nvcc  NVCC_FLAGS="-lineinfo"  JOBS=4  PYTHON=/path/to/python  to override
 set -u
 cd "$(dirname "$0")/.."
 
@@ -19,25 +22,76 @@ trap 'rm -rf "$out"' EXIT
 flags=(-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -std=c++17 -O3
        -I csrc/include --expt-relaxed-constexpr -Xcompiler -Wall ${NVCC_FLAGS:-})
 
-echo "$("$NVCC" --version | tail -1)"
 shopt -s nullglob
 sources=(csrc/cuda/*.cu)
 if (( ${#sources[@]} == 0 )); then
   echo "no .cu files under csrc/cuda" >&2
   exit 1
 fi
+echo "$("$NVCC" --version | tail -1); ${#sources[@]} files, sm_80 + sm_90"
+
+compile() {  # src -> writes $out/NAME.{log,rc,secs}
+  local src=$1 name
+  name=$(basename "$src" .cu)
+  local start=$SECONDS
+  "$NVCC" "${flags[@]}" -c "$src" -o "$out/$name.o" >"$out/$name.log" 2>&1
+  echo $? >"$out/$name.rc"
+  echo $(( SECONDS - start )) >"$out/$name.secs"
+}
+
+jobs_max="${JOBS:-$(nproc 2>/dev/null || echo 4)}"
+for src in "${sources[@]}"; do
+  while (( $(jobs -rp | wc -l) >= jobs_max )); do wait -n; done
+  compile "$src" &
+done
+wait
+
+# The binding: g++ -fsyntax-only against torch's headers and the CUDA runtime headers nvcc uses.
+check_binding() {
+  local src=csrc/cuda/ops_cuda.cpp py="" cand tinc pyinc cuda_inc
+  [[ -f "$src" ]] || return 0
+  for cand in "${PYTHON:-}" python3 python; do
+    if [[ -n "$cand" ]] && "$cand" -c "import torch" >/dev/null 2>&1; then py=$cand; break; fi
+  done
+  if [[ -z "$py" ]]; then
+    printf 'skip  %-26s       (no Python with torch; set PYTHON=...)\n' "$src"; return 0
+  fi
+  read -r tinc pyinc < <("$py" -c "import os, sysconfig, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'), sysconfig.get_paths()['include'])")
+  cuda_inc=$("$NVCC" --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$ INCLUDES="-I\([^"]*\)".*/\1/p' | head -1)
+  if [[ ! -f "$tinc/c10/cuda/CUDAGuard.h" || ! -f "$cuda_inc/cuda_runtime_api.h" ]]; then
+    printf 'skip  %-26s       (torch without c10/cuda headers, or no CUDA runtime headers)\n' "$src"; return 0
+  fi
+  # CPU builds of torch lack one generated header of c10/cuda; an empty one does for a syntax check.
+  mkdir -p "$out/stub/c10/cuda/impl"
+  [[ -f "$tinc/c10/cuda/impl/cuda_cmake_macros.h" ]] || printf '#pragma once\n' >"$out/stub/c10/cuda/impl/cuda_cmake_macros.h"
+  local start=$SECONDS
+  if log=$("${CXX:-g++}" -std=c++17 -fsyntax-only -Wall -Wextra -isystem "$out/stub" -isystem "$pyinc" -isystem "$tinc" \
+           -isystem "$tinc/torch/csrc/api/include" -isystem "$cuda_inc" -I csrc/include -DTORCH_EXTENSION_NAME=_C \
+           "$src" 2>&1); then
+    printf 'ok    %-26s %4ss  (g++ syntax check, torch %s)\n' "$src" "$(( SECONDS - start ))" \
+      "$("$py" -c 'import torch; print(torch.__version__)')"
+    [[ -n "$log" ]] && echo "$log" | sed 's/^/      /'
+    return 0
+  fi
+  printf 'FAIL  %-26s %4ss  (g++ syntax check)\n' "$src" "$(( SECONDS - start ))"
+  echo "$log" | sed 's/^/      /'
+  return 1
+}
+
 failed=0
 for src in "${sources[@]}"; do
-  start=$(date +%s)
-  if log="$("$NVCC" "${flags[@]}" -c "$src" -o "$out/$(basename "$src" .cu).o" 2>&1)"; then
-    warn=""
-    [[ -n "$log" ]] && warn=" (with compiler output below)"
-    printf 'ok    %-28s %3ss%s\n' "$src" "$(( $(date +%s) - start ))" "$warn"
-    [[ -n "$log" ]] && echo "$log"
+  name=$(basename "$src" .cu)
+  rc=$(cat "$out/$name.rc" 2>/dev/null || echo 1)
+  secs=$(cat "$out/$name.secs" 2>/dev/null || echo "?")
+  if [[ "$rc" == 0 ]]; then
+    note=""
+    [[ -s "$out/$name.log" ]] && note="  (compiler output below)"
+    printf 'ok    %-26s %4ss%s\n' "$src" "$secs" "$note"
   else
-    printf 'FAIL  %-28s %3ss\n' "$src" "$(( $(date +%s) - start ))"
-    echo "$log"
+    printf 'FAIL  %-26s %4ss\n' "$src" "$secs"
     failed=1
   fi
+  [[ -s "$out/$name.log" ]] && sed 's/^/      /' "$out/$name.log"
 done
+check_binding || failed=1
 exit $failed

@@ -77,13 +77,13 @@ cudaError_t hash_partition(const index_t* indices, int64_t count, uint32_t num_p
 struct PartitionArgs {
   uint32_t num_partitions = 1;
   uint64_t seed = 0;
-  int num_probes = 3;
+  int num_probes = 3;           // 0: no tables, the stable sort by partition id alone
   double table_factor = 2.0;
   double serial_factor = 0.1;
 };
 struct PartitionResult {
   bool fallback = false;    // a serial memory overflowed: the exact counting sort produced the output
-  int64_t compacted = 0;    // elements found in the tables; must equal nnz unless fallback
+  int64_t compacted = 0;    // elements found in the tables; must equal nnz when tables ran without overflow
 };
 // Outputs of nnz elements grouped by partition; counts[num_partitions] and stats[3] (int64) as the op
 // defines them. Synchronises once, at the end, to learn whether the fallback is needed.

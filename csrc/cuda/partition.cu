@@ -11,8 +11,11 @@
 //    grouped by partition (table slots in slot order, then serial entries), then a gather.
 // 5. one host read of the flags; on overflow, the exact fallback: a stable radix sort of the positions
 //    by partition id, and the gather again.
+// num_probes == 0 runs that stable sort alone, as the CPU op does (stats [0, 0, 0]; an ascending input's
+// pieces stay ascending).
 // The region sizes need the counts, which stay on the device: the regions are allocated for an upper
 // bound of their total, so the only synchronisation is step 5.
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_select.cuh>
 
@@ -230,13 +233,21 @@ cudaError_t partition(const index_t* indices, const void* values, ValueKind kind
   ZEN_CUDA_TRY(cudaMemsetAsync(stats, 0, sizeof(int64_t) * 3, stream));
   if (nnz == 0) return cudaSuccess;
 
-  auto* status = ws.get_n<unsigned long long>(kStatusWords);
-  ZEN_CUDA_TRY(cudaMemsetAsync(status, 0, sizeof(unsigned long long) * kStatusWords, stream));
   const bool in_shared = n <= kSharedHistogramMax;
   histogram_kernel<<<in_shared ? std::min(grid_for(nnz), 2048u) : grid_for(nnz), kThreads,
                      in_shared ? n * sizeof(unsigned int) : 0, stream>>>(
       indices, nnz, args.seed, n, reinterpret_cast<unsigned long long*>(counts));
   ZEN_CUDA_TRY(cudaGetLastError());
+  if (args.num_probes == 0) {  // no tables: the stable sort is the method; stats stay [0, 0, 0]
+    return with_bits(kind, [&](auto tag) {
+      using U = decltype(tag);
+      return fallback_path<index_t, U>(indices, static_cast<const U*>(values), nnz, args, out_indices,
+                                       static_cast<U*>(out_values), ws, stream);
+    });
+  }
+
+  auto* status = ws.get_n<unsigned long long>(kStatusWords);
+  ZEN_CUDA_TRY(cudaMemsetAsync(status, 0, sizeof(unsigned long long) * kStatusWords, stream));
   auto* regions = ws.get_n<Region>(n);
   layout_kernel<<<1, kLayoutThreads, 0, stream>>>(counts, n, args.table_factor, args.serial_factor,
                                                   region_capacity(nnz, n, args.table_factor, args.serial_factor),
