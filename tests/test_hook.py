@@ -125,7 +125,7 @@ def test_state_validates_settings():
     with pytest.raises(ValueError, match="dense_threshold"):
         zen.ZenState(dense_threshold=2.0)
     with pytest.raises(ValueError, match="num_probes"):
-        zen.ZenState(num_probes=0)
+        zen.ZenState(num_probes=-1)
     with pytest.raises(ValueError, match="table_factor"):
         zen.ZenState(table_factor=0.5)
     with pytest.raises(ValueError, match="serial_factor"):

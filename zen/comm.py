@@ -3,14 +3,27 @@ the cache of hash-bitmap index sets, and the agreement step that makes every ran
 
 Why a private group: zen runs collectives from a worker thread (so communication overlaps backward);
 sharing the user's group with the main thread (DDP's own collectives, the user's) could interleave
-differently on different ranks. Why one worker thread per group (the lane): every rank must issue its
-collectives in the same order, and a FIFO of jobs keeps the order in which they were submitted.
+differently on different ranks. Its timeout is the user's group's (or the one given to ``ZenState``), so
+a dead or stalled peer surfaces within the timeout the user chose. Why one worker thread per group (the
+lane): every rank must issue its collectives in the same order, and a FIFO of jobs keeps the order in
+which they were submitted.
+
+How failures surface:
+
+* Bad input on any rank (an unsupported dtype, device or layout, an unknown scheme, a tensor that differs
+  across ranks, an error a rank hits before the first exchange) travels in the agreement all-gather, so
+  every rank raises the same :class:`MismatchError` and the group stays usable.
+* A failure after the agreement (a peer died, a timeout, a corrupt buffer) leaves the ranks at different
+  points of the protocol. The rank that sees it raises it, and the group is then *broken* on that rank:
+  every later call on it raises :class:`BrokenGroupError` at once, queued calls included, instead of
+  waiting behind a protocol that can no longer line up.
 """
+import datetime
 import os
+import queue
 import threading
 import zlib
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
 
 import torch
@@ -20,25 +33,120 @@ from . import ops
 
 # Codes carried by the agreement header; the order of these lists is part of zen's protocol.
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+# Every other dtype gets a code too (after the supported ones), only so that errors can name it.
+ALL_DTYPES = DTYPES + [getattr(torch, name) for name in (
+    "bool", "int8", "uint8", "int16", "uint16", "uint32", "uint64", "complex32", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "qint8", "quint8", "qint32")
+    if isinstance(getattr(torch, name, None), torch.dtype)]
+DEVICE_TYPES = ["cpu", "cuda", "meta", "xpu", "mps", "hpu", "mtia", "privateuseone", "xla", "lazy"]
 PROBLEMS = {
     1: "unsupported dtype (zen sums float32, float64, float16, bfloat16, int32 and int64)",
     2: "tensor device not supported by the process group's backend",
     3: "unknown scheme",
     4: "unsupported layout (zen takes strided tensors and sparse COO tensors)",
+    5: "not a tensor",
+    6: "failed before the exchange",
+    7: "tensor has overlapping memory (e.g. from expand()); the sum cannot be written back into it",
 }
-HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "problem"]
-
+HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "device", "settings", "problem"]
+_PROBLEM = HEADER_FIELDS.index("problem")
+# The agreement row is header + [len(extra)] + world + _SLACK slots: the same length on every rank, whatever
+# the scheme and whether the rank has a problem (then the slots carry its message), so that a bad call on
+# one rank can never desynchronise the all-gather itself.
+_SLACK = 8
 
 # torch renamed all_gather_into_tensor to all_gather_single.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class MismatchError(ValueError):
-    """Raised on every rank when the ranks called a zen collective with disagreeing tensors or arguments."""
+    """Raised on every rank when the ranks called a zen collective with disagreeing tensors or arguments, or
+    when any rank could not take part (bad dtype, device, scheme...). The group stays usable."""
+
+
+class BrokenGroupError(RuntimeError):
+    """Raised by every zen call on a group after a collective on it failed part-way on this rank (a peer
+    died, a timeout, a corrupt buffer): the ranks may be out of step, so the group is not used again."""
 
 
 def shape_code(shape) -> int:
     return zlib.crc32(repr(tuple(shape)).encode())
+
+
+def group_timeout(group) -> Optional[datetime.timedelta]:
+    """The timeout of ``group``'s backend (what ``init_process_group(timeout=...)`` or ``new_group`` set),
+    or None where the backend does not say."""
+    pg = group if group is not None else dist.group.WORLD
+    for device in getattr(pg, "_device_types", [torch.device("cpu")]):
+        try:
+            timeout = pg._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0:
+            return timeout
+    return None
+
+
+def _as_timedelta(timeout) -> Optional[datetime.timedelta]:
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        return timeout
+    return datetime.timedelta(seconds=float(timeout))
+
+
+def _private_group(group, ranks: List[int], backend, timeout) -> dist.ProcessGroup:
+    """zen's own group over ``ranks``, created by the members only.
+
+    Its name derives from the user's group's name (the same on every member), so members may create their
+    zen groups in any order. (``dist.new_group(use_local_synchronization=True)`` names a group after how
+    many groups the calling process made before, so ranks whose first zen calls on overlapping groups come
+    in different orders would wait on different names until the timeout.) Falls back to that public call
+    where this torch lacks the helper."""
+    c10d = dist.distributed_c10d
+    try:
+        helper, store = c10d._new_process_group_helper, c10d._get_default_store()
+        name = f"zen:{(group if group is not None else dist.group.WORLD).group_name}"
+        default_timeout = c10d._get_default_timeout(backend)
+    except (AttributeError, RuntimeError):
+        return dist.new_group(ranks=ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
+    pg, _ = helper(len(ranks), ranks.index(dist.get_rank()), ranks, backend, store, name,
+                   timeout=timeout or default_timeout, group_desc="zen")
+    c10d._world.pg_group_ranks[pg] = {global_rank: i for i, global_rank in enumerate(ranks)}
+    return pg
+
+
+def encode_text(text: str, slots: int) -> List[int]:
+    """``text`` (UTF-8, cut to fit) as ``slots`` int64s, zero-padded: how a rank's error message rides
+    in the agreement row."""
+    data = text.encode("utf-8", "replace")[:8 * slots]
+    data += b"\0" * (8 * slots - len(data))
+    return [int.from_bytes(data[8 * i:8 * i + 8], "little", signed=True) for i in range(slots)]
+
+
+def decode_text(values: List[int]) -> str:
+    data = b"".join(int(v).to_bytes(8, "little", signed=True) for v in values)
+    return data.rstrip(b"\0").decode("utf-8", "replace")
+
+
+class Lane:
+    """One daemon worker thread running jobs in submission order. A daemon, so that a job stuck in a
+    collective never keeps the process from exiting."""
+
+    def __init__(self, name: str):
+        self._jobs = queue.SimpleQueue()
+        # OpenMP's thread count is per thread: the lane uses its creator's, or a new thread would spin up
+        # every core and oversubscribe a machine shared by several ranks.
+        self._threads = torch.get_num_threads()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        torch.set_num_threads(self._threads)
+        while True:
+            job = self._jobs.get()
+            job()
+
+    def submit(self, job) -> None:
+        self._jobs.put(job)
 
 
 class Comm:
@@ -48,17 +156,27 @@ class Comm:
         self.user_group = group
         ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
         self.backend = dist.get_backend(group)
-        self.group = dist.new_group(ranks=ranks, backend=self.backend, timeout=timeout,
-                                    use_local_synchronization=True)
+        self.timeout = _as_timedelta(timeout) or group_timeout(group)
+        self.group = _private_group(group, ranks, self.backend, self.timeout)
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         seed = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.int64, device=self.device)
         dist.broadcast(seed, group_src=0, group=self.group)
         self.seed = int(seed.item())
-        self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zen-lane")
+        self._lane = Lane(f"zen-lane-{self.rank}")
         self._index_sets = OrderedDict()
         self.last_stats = {}
+        self.agreements = 0  # agreement exchanges started on this rank (tells a pre-exchange failure apart)
+        self.broken: Optional[str] = None
+        self.call_shape = None  # shape of the tensor of the call on the lane (names a shape mismatch)
+
+    def set_timeout(self, timeout) -> None:
+        """Timeout of zen's private group for the collectives started from now on."""
+        timeout = _as_timedelta(timeout)
+        if timeout is not None and timeout != self.timeout:
+            dist.distributed_c10d._set_pg_timeout(timeout, self.group)
+            self.timeout = timeout
 
     # --- the lane -----------------------------------------------------------------------------------
     def submit(self, job, stream=None) -> torch.futures.Future:
@@ -80,13 +198,60 @@ class Comm:
         self._lane.submit(run)
         return fut
 
+    # --- failure state --------------------------------------------------------------------------------
+    def fail(self, error: BaseException) -> None:
+        """Mark the group broken on this rank after ``error`` interrupted a collective part-way."""
+        if self.broken is None:
+            self.broken = f"{type(error).__name__}: {error}"[:2000]
+
+    def check_usable(self) -> None:
+        if self.broken is not None:
+            raise BrokenGroupError(
+                f"zen: this process group is unusable on rank {self.rank}: an earlier zen collective on it failed "
+                f"part-way ({self.broken}); the ranks may be out of step. Create a new process group to go on.")
+
     # --- agreement ----------------------------------------------------------------------------------
-    def agree(self, header: List[int], extra: List[int]) -> torch.Tensor:
+    def agree(self, header: List[int], extra: List[int], detail: str = "") -> torch.Tensor:
         """All-gather ``header + extra`` of every rank; raise the same error on every rank if the headers
-        disagree or any rank reported a problem. Returns the ``extra`` columns, one row per rank."""
-        rows = self.all_gather_rows(header + list(extra))
-        check_headers(rows[:, :len(header)].tolist())
-        return rows[:, len(header):]
+        disagree or any rank reported a problem (``detail``: its message, sent in place of ``extra``).
+        Returns the ``extra`` columns, one row per rank.
+
+        The row has the same length on every rank (``extra`` is padded to world + 8 slots; a longer
+        ``extra`` takes a second all-gather, decided from the gathered lengths, so alike on all ranks)."""
+        extra = [int(v) for v in extra]
+        capacity = self.world + _SLACK
+        slots = encode_text(detail, capacity) if detail else extra[:capacity] + [0] * max(0, capacity - len(extra))
+        self.agreements += 1
+        rows = self.all_gather_rows(list(header) + [len(extra)] + slots)
+        width = len(header)
+        headers = rows[:, :width].tolist()
+        details = [decode_text(rows[r, width + 1:].tolist()) if headers[r][_PROBLEM] else ""
+                   for r in range(self.world)]
+        try:
+            check_headers(headers, details)
+        except MismatchError as error:
+            if getattr(error, "field", None) == "shape" and self.call_shape is not None:
+                # Every rank saw the same rows, so every rank takes this extra exchange: name the shapes.
+                raise MismatchError(self._describe_shapes()) from None
+            raise
+        lengths = rows[:, width].tolist()
+        if len(set(lengths)) > 1:
+            raise MismatchError(f"zen.all_reduce: the ranks' schemes exchanged different agreement lengths {lengths}")
+        out = rows[:, width + 1:width + 1 + min(lengths[0], capacity)]
+        if lengths[0] > capacity:
+            out = torch.cat([out, self.all_gather_rows(extra[capacity:])], dim=1)
+        return out
+
+    def _describe_shapes(self) -> str:
+        shape = list(self.call_shape)[:15]
+        rows = self.all_gather_rows([len(self.call_shape)] + shape + [0] * (15 - len(shape))).tolist()
+        by_shape = OrderedDict()
+        for rank, row in enumerate(rows):
+            dims = row[1:1 + min(row[0], 15)]
+            text = "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + (", ...)" if row[0] > 15 else ")")
+            by_shape.setdefault(text, []).append(rank)
+        return ("zen.all_reduce: tensors or arguments differ across ranks: shape is "
+                + "; ".join(f"{text} on ranks {ranks}" for text, ranks in by_shape.items()))
 
     def all_gather_rows(self, row: List[int]) -> torch.Tensor:
         """Every rank's ``row`` of int64s (all rows of the same length), as a CPU tensor [world, len]."""
@@ -107,16 +272,20 @@ class Comm:
         return self._index_sets[key]
 
 
-def check_headers(headers: List[List[int]]) -> None:
+def check_headers(headers: List[List[int]], details: Optional[List[str]] = None) -> None:
     """Raise :class:`MismatchError` (identically on every rank, since all see the same rows) when a rank
     reported a problem or the ranks' tensors differ."""
     from .schemes import SCHEMES
 
+    problems = []
     for rank, header in enumerate(headers):
-        problem = header[HEADER_FIELDS.index("problem")]
+        problem = header[_PROBLEM]
         if problem:
-            raise MismatchError(f"zen.all_reduce: rank {rank}: {PROBLEMS.get(problem, f'problem {problem}')}"
-                                f" (scheme={describe('scheme', header[3], SCHEMES)})")
+            detail = details[rank] if details else ""
+            problems.append(f"rank {rank}: {PROBLEMS.get(problem, f'problem {problem}')}"
+                            + (f": {detail}" if detail else ""))
+    if problems:
+        raise MismatchError("zen.all_reduce: " + "; ".join(problems))
     for field_index, field in enumerate(HEADER_FIELDS):
         values = [h[field_index] for h in headers]
         if len(set(values)) > 1:
@@ -124,19 +293,25 @@ def check_headers(headers: List[List[int]]) -> None:
             for rank, value in enumerate(values):
                 by_value.setdefault(value, []).append(rank)
             parts = [f"{describe(field, v, SCHEMES)} on ranks {r}" for v, r in by_value.items()]
-            raise MismatchError(f"zen.all_reduce: tensors or arguments differ across ranks: {field} is "
-                                + "; ".join(parts))
+            error = MismatchError(f"zen.all_reduce: tensors or arguments differ across ranks: {field} is "
+                                  + "; ".join(parts))
+            error.field = field
+            raise error
 
 
 def describe(field: str, value: int, schemes) -> str:
     if field == "dtype":
-        return str(DTYPES[value]) if 0 <= value < len(DTYPES) else "an unsupported dtype"
+        return str(ALL_DTYPES[value]) if 0 <= value < len(ALL_DTYPES) else "an unsupported dtype"
     if field == "scheme":
         return repr(schemes[value]) if 0 <= value < len(schemes) else "an unknown scheme"
     if field == "layout":
         return {0: "strided", 1: "sparse_coo"}.get(value, "another layout")
+    if field == "device":
+        return DEVICE_TYPES[value] if 0 <= value < len(DEVICE_TYPES) else "another device"
     if field == "shape":
         return f"shape#{value:08x}"
+    if field == "settings":
+        return f"settings#{value:08x}"
     return str(value)
 
 
@@ -146,7 +321,8 @@ _comms_lock = threading.Lock()
 
 def get_comm(group=None, timeout=None) -> Optional[Comm]:
     """The :class:`Comm` of ``group`` (default: the world), created (collectively) on first use; None on a
-    rank outside the group."""
+    rank outside the group. ``timeout`` (timedelta or seconds; default: the group's own) bounds every zen
+    collective on the group; given again later, it replaces the earlier one."""
     if not dist.is_initialized():
         raise RuntimeError("zen: torch.distributed is not initialised; call dist.init_process_group first")
     if group is not None and dist.get_rank(group) < 0:
@@ -155,4 +331,6 @@ def get_comm(group=None, timeout=None) -> Optional[Comm]:
     with _comms_lock:
         if key not in _comms:
             _comms[key] = Comm(group, timeout)
+        elif timeout is not None:
+            _comms[key].set_timeout(timeout)
         return _comms[key]

@@ -1,8 +1,45 @@
-"""The cost formulas of the design notes, in bytes sent per rank (divide by bandwidth for seconds).
+"""zen's cost model: the design notes' formulas, with latency and local compute terms, for every scheme.
 
-Notation: n ranks, M elements, d mean density per rank, gamma = |union| / (M d), lambda = heaviest
-partition / mean partition, s_i and s_v bytes per index and per value.
+Notation: n ranks, M elements, k_r non-zeros on rank r (k their mean, d = k / M the density), U the size of
+the union of all ranks' non-zeros, gamma = U / k, lambda = heaviest partition / mean partition, s_i and s_v
+bytes per index and per value. A :class:`Profile` gives the group's numbers:
+
+    b      bandwidth per rank and direction, bytes/s (links are full duplex: a rank sends and receives at b)
+    alpha  latency of one message step, s
+    mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
+    e      time per element of the random-access kernels (hash partition, aggregate, scatter, bitmap), s
+
+Wire terms. A collective finishes when its most loaded link does: an all-to-all in which rank r sends S_r
+and receives R_r bytes takes  c_a2a + max_r max(S_r, R_r) / b;  a ring all-gather of R bytes per rank
+takes c_ag + (n-1) R / b; a ring all-reduce of M s_v bytes c_ar + 2 (n-1)/n M s_v / b. The fixed costs are
+measured by the probe (``zen.predict``), or, for a profile given as (b, alpha), counted in message steps:
+c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p = alpha (all pairs at once).
+Every scheme starts with the agreement (an all-gather of a few int64 per rank).
+
+Local terms. Finding the non-zeros of a dense tensor reads all of it: M s_v / mu. Hashing, aggregating and
+scattering cost e per element; copies and dense adds cost their bytes / mu.
+
+Closed forms (equal k_r, balanced partitions, no latency, no local terms), which the functions below reduce
+to and the tests check:
+
+    dense       2 (n-1)/n M s_v / b
+    agsparse    (n-1) k (s_i + s_v) / b
+    zen         (n-1)/n lambda (k + min(U (s_i + s_v), U s_v + M/8) / (s_i + s_v)) (s_i + s_v) / b      (ZEN Eq. 1)
+    sparcml     sum_{i=1..log2 n} min(gamma(2^(i-1)) k (s_i + s_v), M s_v) / b                      (ZEN Eq. 2)
+    omnireduce  (n-1)/n (lambda_push K + lambda_pull U_b) B s_v / b, K, U_b non-zero blocks of B elements
+
+All inputs of the exact forms are in a :class:`Workload`: measured on a group by ``zen.prediction.measure``
+or estimated from a few numbers by :func:`estimate_workload`. :func:`predict_times` and
+:func:`predict_memory` need no process group.
 """
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+HEADER_INTS = 6  # zen's agreement header (comm.HEADER_FIELDS), sent by every scheme's first collective
+
+# --------------------------------------------------------------------------------------------------------
+# Bytes on the wire (used by the schemes' dense switches)
 
 
 def dense_bytes(numel: int, n: int, value_size: int) -> float:
@@ -24,3 +61,480 @@ def balanced_bytes(numel: int, density: float, n: int, gamma: float, imbalance: 
     push = nnz * (index_size + value_size)
     pull = min(union * (index_size + value_size), union * value_size + numel / 8.0)
     return (n - 1) / n * imbalance * (push + pull)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The inputs
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A group's speeds. ``overheads`` holds measured fixed costs (s) of one call of a primitive:
+    "allgather", "allreduce", "alltoall", "p2p"; a primitive not in it costs its message steps * latency.
+    ``call_overhead``: the fixed cost of one zen call (the lane hand-off), the same for every scheme."""
+
+    bandwidth: float
+    latency: float
+    memory_bandwidth: float = 10e9
+    element_time: float = 5e-9
+    call_overhead: float = 0.0
+    overheads: tuple = ()
+
+    def __post_init__(self):
+        if not self.bandwidth > 0:
+            raise ValueError(f"Profile: bandwidth must be > 0 bytes/s; got {self.bandwidth!r}")
+        if not self.latency >= 0:
+            raise ValueError(f"Profile: latency must be >= 0 s; got {self.latency!r}")
+        if not self.memory_bandwidth > 0:
+            raise ValueError(f"Profile: memory_bandwidth must be > 0 bytes/s; got {self.memory_bandwidth!r}")
+        if not self.element_time >= 0:
+            raise ValueError(f"Profile: element_time must be >= 0 s; got {self.element_time!r}")
+
+    def fixed(self, primitive: str, n: int) -> float:
+        """Fixed cost of one call of ``primitive`` on n ranks."""
+        if n <= 1:
+            return 0.0
+        measured = dict(self.overheads).get(primitive)
+        if measured is not None:
+            return measured
+        steps = {"allgather": n - 1, "allreduce": 2 * (n - 1), "alltoall": 1, "p2p": 1}[primitive]
+        return steps * self.latency
+
+
+@dataclass
+class Workload:
+    """What the formulas need to know about one all-reduce (counts may be fractional estimates).
+
+    nnz[r]: non-zeros of rank r. union: |U|. hash_counts[r][j]: non-zeros of rank r that h0 sends to
+    partition j; hash_union[j] = |U_j|. doubling_unions[s][g]: SparCML's running union after s doubling
+    steps in core group g (core ranks [g 2^s, (g+1) 2^s) with the ranks folded into them); the last level
+    has one group, the union. block_counts[r][w]: non-zero blocks of rank r in owner w's range;
+    block_union[w]: non-zero blocks of the union in that range. dense_input: the tensor is strided (its
+    non-zeros must be found and the union written back), not sparse COO.
+    """
+
+    numel: int
+    n: int
+    nnz: Sequence[float]
+    union: float
+    hash_counts: Sequence[Sequence[float]]
+    hash_union: Sequence[float]
+    doubling_unions: Sequence[Sequence[float]]
+    block_counts: Sequence[Sequence[float]]
+    block_union: Sequence[float]
+    index_size: int = 4
+    value_size: int = 4
+    block_size: int = 256
+    dense_input: bool = True
+
+    @property
+    def gamma(self) -> float:
+        mean = sum(self.nnz) / self.n
+        return self.union / mean if mean else 0.0
+
+    @property
+    def hash_imbalance(self) -> float:
+        loads = [sum(row[j] for row in self.hash_counts) for j in range(self.n)]
+        return max(loads) * self.n / sum(loads) if sum(loads) else 1.0
+
+    @property
+    def block_imbalance(self) -> float:
+        loads = [sum(row[w] for row in self.block_counts) for w in range(self.n)]
+        return max(loads) * self.n / sum(loads) if sum(loads) else 1.0
+
+
+# --------------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def _coo(count: float, w: Workload) -> float:
+    return count * (w.index_size + w.value_size)
+
+
+def _alltoall(send: Sequence[float], recv: Sequence[float], w: Workload, p: Profile) -> float:
+    """c_a2a + max_r max(S_r, R_r) / b."""
+    if w.n <= 1:
+        return 0.0
+    return p.fixed("alltoall", w.n) + max(max(s, r) for s, r in zip(send, recv)) / p.bandwidth
+
+
+def _allgather(ints: int, w: Workload, p: Profile) -> float:
+    """A ring all-gather of ``ints`` int64 per rank: c_ag + (n-1) 8 ints / b."""
+    if w.n <= 1:
+        return 0.0
+    return p.fixed("allgather", w.n) + (w.n - 1) * 8 * ints / p.bandwidth
+
+
+def _agree(extra_ints: int, w: Workload, p: Profile) -> float:
+    return _allgather(HEADER_INTS + extra_ints, w, p)
+
+
+def _scan(w: Workload, p: Profile) -> float:
+    """Finding the non-zeros of a dense tensor: M s_v / mu (0 for COO input)."""
+    return w.numel * w.value_size / p.memory_bandwidth if w.dense_input else 0.0
+
+
+def _write_back(count: float, w: Workload, p: Profile) -> float:
+    """Scattering ``count`` union elements into the dense output: e per element (0 for COO input)."""
+    return count * p.element_time if w.dense_input else 0.0
+
+
+def _others(values: Sequence[float], r: int) -> float:
+    return sum(values) - values[r]
+
+
+def _sparcml_message(count: float, w: Workload) -> float:
+    """SparCML's message for a running union of ``count``: COO while smaller than dense, then dense."""
+    return min(_coo(count, w), w.numel * w.value_size)
+
+
+def _blocks_piece(count: float, range_blocks: float, w: Workload) -> float:
+    """A BLOCKS piece: bitmap over the owner's range + count whole blocks (empty when count is 0)."""
+    return count * w.block_size * w.value_size + range_blocks / 8.0 if count > 0 else 0.0
+
+
+def _zen_pull_piece(count: float, w: Workload) -> float:
+    """zen's pull piece for |U_j| = count: the smaller of COO and the hash bitmap over I_j (|I_j| ~ M/n)."""
+    return min(_coo(count, w), count * w.value_size + w.numel / w.n / 8.0)
+
+
+def _aggregate_bytes(count: float, unique: float) -> float:
+    """Peak bytes of ``ops.aggregate`` on ``count`` pairs with ``unique`` results: its open-addressing
+    table (key and entry, int64, next power of two >= 2 count slots) plus 24 bytes per unique index."""
+    slots = 16
+    while slots < 2 * count:
+        slots *= 2
+    return 16.0 * slots + 24.0 * unique
+
+
+# --------------------------------------------------------------------------------------------------------
+# Times (seconds) of every scheme
+
+
+def dense_time(w: Workload, p: Profile) -> float:
+    """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b (COO input is densified first: 2 M s_v / mu)."""
+    t = p.call_overhead + _agree(0, w, p)
+    if w.n > 1:
+        t += p.fixed("allreduce", w.n) + dense_bytes(w.numel, w.n, w.value_size) / p.bandwidth
+    if not w.dense_input:
+        t += 2 * w.numel * w.value_size / p.memory_bandwidth + (max(w.nnz) + w.union) * p.element_time
+    return t
+
+
+def agsparse_time(w: Workload, p: Profile) -> float:
+    """Agreement (k_r), all-to-all of the repeated COO pieces (rank r sends (n-1) k_r (s_i + s_v) and
+    receives sum_{q != r} k_q (s_i + s_v)), the local sum of all n k pairs, the write-back of U."""
+    n, k = w.n, w.nnz
+    t = p.call_overhead + _scan(w, p) + _agree(1, w, p)
+    if n > 1 and sum(k) > 0:
+        t += _alltoall([(n - 1) * _coo(x, w) for x in k], [_coo(_others(k, r), w) for r in range(n)], w, p)
+        t += n * _coo(max(k), w) / p.memory_bandwidth + sum(k) * p.element_time
+    return t + _write_back(w.union, w, p)
+
+
+def zen_time(w: Workload, p: Profile) -> float:
+    """Balanced Parallelism: hash partition (e k_r), agreement (n counts), push all-to-all (rank r sends
+    its pieces for the other partitions, receives theirs for its own), aggregate (e per received pair),
+    pull-size all-gather, pull all-to-all of the repeated pieces (COO or hash bitmap, whichever smaller),
+    decode and write-back of U."""
+    n, c = w.n, w.hash_counts
+    t = p.call_overhead + _scan(w, p) + max(w.nnz) * p.element_time + _agree(n, w, p)
+    if n <= 1:
+        return t + _write_back(w.union, w, p)
+    send = [sum(_coo(c[r][j], w) for j in range(n) if j != r) for r in range(n)]
+    recv = [sum(_coo(c[q][r], w) for q in range(n) if q != r) for r in range(n)]
+    received = [sum(c[q][r] for q in range(n)) for r in range(n)]
+    t += max(_coo(x, w) for x in w.nnz) / p.memory_bandwidth + _alltoall(send, recv, w, p)
+    t += max(received) * p.element_time
+    pieces = [_zen_pull_piece(u, w) for u in w.hash_union]
+    t += _allgather(3, w, p)
+    t += _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p)
+    t += n * max(pieces) / p.memory_bandwidth + w.union * p.element_time
+    if any(x < _coo(u, w) for x, u in zip(pieces, w.hash_union)):
+        t += w.numel / 8.0 / p.memory_bandwidth  # bitmap decode reads |I_j| bits per piece
+    return t + _write_back(w.union, w, p)
+
+
+def sparcml_time(w: Workload, p: Profile) -> float:
+    """SparCML: agreement (k_r); fold of the n - 2^L extra ranks; L = floor(log2 n) doubling steps, step s
+    moving the largest running union of level s (COO, or dense past break-even) plus a step header where
+    the size is not known; merges (e per merged pair, or dense adds: 2 M s_v / mu); unfold of the union."""
+    n, k = w.n, w.nnz
+    pw = 1
+    while 2 * pw <= n:
+        pw *= 2
+    steps, folded = pw.bit_length() - 1, n - pw
+    dense_bytes_ = w.numel * w.value_size
+    t = p.call_overhead + _scan(w, p) + _agree(1, w, p)
+
+    def merge(a, b):
+        both = a + b
+        if _sparcml_message(a, w) >= dense_bytes_ or _sparcml_message(b, w) >= dense_bytes_:
+            return 2 * dense_bytes_ / p.memory_bandwidth
+        return both * p.element_time + (dense_bytes_ / p.memory_bandwidth if _coo(both, w) > dense_bytes_ else 0.0)
+
+    if folded:
+        t += p.fixed("p2p", n) + max(_sparcml_message(k[pw + i], w) for i in range(folded)) / p.bandwidth
+        t += max(merge(k[i], k[pw + i]) for i in range(folded))
+    for s in range(steps):
+        level = w.doubling_unions[s]
+        headers = 1 if (s > 0 or folded) else 0
+        t += (1 + headers) * p.fixed("p2p", n) + max(_sparcml_message(u, w) for u in level) / p.bandwidth
+        t += max(merge(level[g], level[g ^ 1]) for g in range(len(level)))
+    if folded:
+        t += 2 * p.fixed("p2p", n) + _sparcml_message(w.union, w) / p.bandwidth
+    if _sparcml_message(w.union, w) >= dense_bytes_:
+        return t + dense_bytes_ / p.memory_bandwidth  # copy out (dense input) or find the non-zeros (COO)
+    return t + _write_back(w.union, w, p)
+
+
+def omnireduce_time(w: Workload, p: Profile) -> float:
+    """OmniReduce: non-zero blocks (e per non-zero, a copy of the K blocks), agreement (n counts), push
+    all-to-all of BLOCKS pieces to the owners, the owners' sums (2 B s_v / mu per received block),
+    pull-size all-gather, pull all-to-all of every owner's summed blocks, write-back of the union blocks."""
+    n, c, bs, sv = w.n, w.block_counts, w.block_size, w.value_size
+    num_blocks = -(-w.numel // bs)
+    ranges = [(j + 1) * num_blocks // n - j * num_blocks // n for j in range(n)]
+    blocks = [sum(row) for row in c]
+    t = p.call_overhead + _scan(w, p) + max(w.nnz) * p.element_time + _agree(n, w, p)
+    t += max(blocks) * bs * sv / p.memory_bandwidth
+    send = [sum(_blocks_piece(c[r][j], ranges[j], w) for j in range(n) if j != r) for r in range(n)]
+    recv = [sum(_blocks_piece(c[q][r], ranges[r], w) for q in range(n) if q != r) for r in range(n)]
+    received = [sum(c[q][r] for q in range(n)) for r in range(n)]
+    if n > 1 and sum(blocks) > 0:
+        t += _alltoall(send, recv, w, p) + max(received) * 2 * bs * sv / p.memory_bandwidth
+        pieces = [_blocks_piece(u, ranges[j], w) for j, u in enumerate(w.block_union)]
+        t += _allgather(1, w, p)
+        t += _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p)
+        t += n * max(pieces) / p.memory_bandwidth
+    union_blocks = sum(w.block_union)
+    if w.dense_input:
+        return t + union_blocks * bs * sv / p.memory_bandwidth
+    return t + union_blocks * bs * (sv / p.memory_bandwidth + p.element_time)
+
+
+TIME_FORMULAS: Dict[str, Callable[[Workload, Profile], float]] = {
+    "dense": dense_time,
+    "agsparse": agsparse_time,
+    "sparcml": sparcml_time,
+    "omnireduce": omnireduce_time,
+    "zen": zen_time,
+}
+
+
+def predict_times(w: Workload, profile: Profile, schemes: Optional[Sequence[str]] = None) -> Dict[str, float]:
+    """Predicted seconds of every scheme (or of ``schemes``) for workload ``w`` on ``profile``; "auto" is the
+    smallest of them (what ``scheme="auto"`` picks). No collectives.
+
+    >>> w = estimate_workload(numel=10**6, n=8, nnz=10**4, gamma=4.0)
+    >>> t = predict_times(w, Profile(bandwidth=125e6, latency=50e-6))
+    >>> min(t, key=t.get) in t
+    True
+    """
+    names = [s for s in (schemes or TIME_FORMULAS) if s != "auto"]
+    if w.n <= 1:  # zen.all_reduce returns at once on one rank
+        times = {name: profile.call_overhead for name in names}
+    elif w.numel == 0:  # only the agreement runs
+        times = {name: profile.call_overhead + _agree(0, w, profile) for name in names}
+    else:
+        times = {name: TIME_FORMULAS[name](w, profile) for name in names}
+    times["auto"] = min(times.values())
+    return times
+
+
+def choose(times: Dict[str, float]) -> str:
+    """The scheme with the smallest predicted time (ties: the first in ``times``' order); never "auto"."""
+    names = [s for s in times if s != "auto"]
+    return min(names, key=lambda s: (times[s], names.index(s)))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Extra memory (bytes per rank, the peak over the ranks and the phases of a call)
+
+
+def dense_memory(w: Workload) -> float:
+    """In place: nothing for a dense tensor; COO input is densified (M s_v) and read back (U pairs)."""
+    return 0.0 if w.dense_input else w.numel * w.value_size + _coo(w.union, w)
+
+
+def agsparse_memory(w: Workload) -> float:
+    """Local COO (k_r pairs), the repeated send buffer (n + 1 pieces), every rank's piece (sum k pairs, twice:
+    received and concatenated), the aggregate's table and the union: the all-gather's memory grows with n."""
+    n, k = w.n, w.nnz
+    total = sum(k)
+    local = max(_coo(x, w) for x in k)
+    gather = (n + 1) * local + _coo(total, w)
+    reduce = _coo(total, w) * 2 + _aggregate_bytes(total, w.union) + _coo(w.union, w)
+    return local + max(gather, reduce)
+
+
+def zen_memory(w: Workload) -> float:
+    """Local COO and its partitioned copy (k_r pairs each), the hash tables (2 k_r slots of int64 plus a
+    tenth for the serial memory, order and partition ids: ~30 bytes per pair), the push buffers (send k_r,
+    receive and concatenate R_j pairs), the aggregate's table, the union U_j, the repeated pull piece
+    (n + 1 copies), the pulled union U, and the cached index sets I_j (M indices) when the bitmap is used."""
+    n, c = w.n, w.hash_counts
+    worst = 0.0
+    pieces = [_zen_pull_piece(u, w) for u in w.hash_union]
+    bitmap = any(x < _coo(u, w) for x, u in zip(pieces, w.hash_union))
+    for r in range(n):
+        k = w.nnz[r]
+        received = sum(c[q][r] for q in range(n))
+        base = 3 * _coo(k, w)  # local, partitioned, send
+        partition = 2 * _coo(k, w) + (16 + 1.6 + 8 + 4) * k
+        pull = (base + 2 * _coo(received, w) + _coo(w.hash_union[r], w) + (n + 1) * pieces[r]
+                + sum(pieces) + w.union * w.index_size)
+        aggregate = base + 2 * _coo(received, w) + _aggregate_bytes(received, w.hash_union[r])
+        worst = max(worst, partition, pull, aggregate)
+    if bitmap:
+        worst += w.numel * w.index_size + 8 * (n + 1)
+    return worst
+
+
+def sparcml_memory(w: Workload) -> float:
+    """Local COO, then per step: the running sum, the partner's (COO or dense), their concatenation, the
+    aggregate's table and the merged sum; dense sums cost M s_v each (three live at a dense merge)."""
+    dense = w.numel * w.value_size
+    local = max(_coo(x, w) for x in w.nnz)
+    worst = local
+    levels = [list(w.nnz)] + [list(level) for level in w.doubling_unions]
+    for level in levels:
+        for a in level:
+            b = max(level)
+            merged = min(w.numel, a + b)
+            if _sparcml_message(a, w) >= dense or _sparcml_message(b, w) >= dense or _coo(merged, w) > dense:
+                worst = max(worst, local + 3 * dense)
+            else:
+                worst = max(worst, local + 2 * _coo(a + b, w) + _aggregate_bytes(a + b, merged) + _coo(merged, w))
+    return worst
+
+
+def omnireduce_memory(w: Workload) -> float:
+    """Local COO and block ids, the K gathered blocks (twice: gathered and packed), the received blocks,
+    the owner's summed blocks, the repeated pull piece (n + 1 copies) and the pulled union blocks."""
+    n, c, bs, sv = w.n, w.block_counts, w.block_size, w.value_size
+    num_blocks = -(-w.numel // bs)
+    worst = 0.0
+    for r in range(n):
+        blocks = sum(c[r])
+        received = sum(c[q][r] for q in range(n))
+        own = w.block_union[r]
+        local = _coo(w.nnz[r], w) + 8 * blocks + 8 * num_blocks
+        worst = max(worst, local + 2 * blocks * bs * sv + received * bs * sv,
+                    local + blocks * bs * sv + received * bs * sv + (n + 2) * own * bs * sv
+                    + sum(w.block_union) * bs * sv)
+    return worst
+
+
+MEMORY_FORMULAS: Dict[str, Callable[[Workload], float]] = {
+    "dense": dense_memory,
+    "agsparse": agsparse_memory,
+    "sparcml": sparcml_memory,
+    "omnireduce": omnireduce_memory,
+    "zen": zen_memory,
+}
+
+
+def predict_memory(w: Workload, schemes: Optional[Sequence[str]] = None) -> Dict[str, float]:
+    """Predicted extra memory (bytes per rank, peak of the scheme's buffers and caches; the input tensor,
+    allocator slack and the backend's own buffers not counted) of every scheme for workload ``w``."""
+    names = [name for name in (schemes or MEMORY_FORMULAS) if name != "auto"]
+    if w.n <= 1 or w.numel == 0:  # nothing is reduced
+        return {name: 0.0 for name in names}
+    return {name: MEMORY_FORMULAS[name](w) for name in names}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Estimates from a few numbers (the planner, and benchmarks that know only d and gamma)
+
+
+def uniform_growth(nnz: float, space: float) -> Callable[[float], float]:
+    """gamma(m) when every rank's ``nnz`` non-zeros are a uniform sample of ``space`` indices, independently:
+    gamma(m) = V (1 - (1 - k/V)^m) / k (balls in bins; V = M gives the upper bound for a given density)."""
+    if nnz <= 0 or space <= nnz:
+        return lambda m: 1.0
+    return lambda m: space * -math.expm1(m * math.log1p(-nnz / space)) / nnz
+
+
+def union_growth(nnz: float, gamma: float, n: int) -> Callable[[float], float]:
+    """gamma(m) for any m from gamma(n) alone: :func:`uniform_growth` over the effective index space V for
+    which gamma(n) is the given value (gamma = 1: V = k; gamma = n: V infinite, gamma(m) = m).
+
+    >>> g = union_growth(100, 3.0, 8)
+    >>> round(g(1), 6), round(g(8), 6), 1 < g(4) < 3
+    (1.0, 3.0, True)
+    """
+    gamma = min(max(gamma, 1.0), float(n))
+    if nnz <= 0 or n <= 1 or gamma <= 1.0:
+        return lambda m: 1.0
+    if gamma >= n * (1 - 1e-12):
+        return lambda m: float(m)
+    lo, hi = math.log(nnz), math.log(nnz) + 80.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if uniform_growth(nnz, math.exp(mid))(n) < gamma:
+            lo = mid
+        else:
+            hi = mid
+    return uniform_growth(nnz, math.exp((lo + hi) / 2))
+
+
+def hash_imbalance_estimate(union: float, n: int) -> float:
+    """Expected max/mean load of n hash partitions of ``union`` distinct indices (balls in bins, normal
+    approximation of the largest of n binomials): 1 + sqrt(2 (n-1) ln n / union)."""
+    if n <= 1 or union <= 0:
+        return 1.0
+    return 1.0 + math.sqrt(2.0 * (n - 1) * math.log(n) / union)
+
+
+def skewed_loads(total: float, n: int, imbalance: float) -> List[float]:
+    """n loads summing to ``total`` whose largest is ``imbalance`` times the mean (the others equal)."""
+    if n == 1:
+        return [total]
+    imbalance = min(max(imbalance, 1.0), float(n))
+    heavy = imbalance * total / n
+    return [heavy] + [(total - heavy) / (n - 1)] * (n - 1)
+
+
+def doubling_groups(n: int) -> List[List[List[int]]]:
+    """groups[s][g]: the ranks merged into SparCML's core group g after s doubling steps (s = 0..L), the
+    folded ranks p + i counted with core rank i."""
+    pw = 1
+    while 2 * pw <= n:
+        pw *= 2
+    out = []
+    size = 1
+    while size <= pw:
+        out.append([[r for c in range(g * size, (g + 1) * size) for r in (c, c + pw) if r < n]
+                    for g in range(pw // size)])
+        size *= 2
+    return out
+
+
+def estimate_workload(numel: int, n: int, nnz: float, gamma: Optional[float] = None, *,
+                      growth: Optional[Callable[[float], float]] = None, hash_imbalance: Optional[float] = None,
+                      block_size: int = 256, block_nnz: Optional[float] = None,
+                      block_union: Optional[float] = None, block_imbalance=(1.0, 1.0),
+                      index_size: int = 4, value_size: int = 4, dense_input: bool = True) -> Workload:
+    """A :class:`Workload` from summary numbers: ``nnz`` non-zeros on every rank, union growth ``gamma``
+    = gamma(n) (or the whole curve ``growth(k)``), hash imbalance (default :func:`hash_imbalance_estimate`),
+    and for OmniReduce the non-zero blocks per rank and of the union (default: non-zeros spread uniformly,
+    a block of B elements non-zero with probability 1 - (1 - d)^B) and the (push, pull) contiguous
+    imbalance. The heaviest partition is given the imbalance, the others share the rest equally."""
+    if growth is None:
+        growth = union_growth(nnz, gamma if gamma is not None else float(n), n)
+    union = min(float(numel), growth(n) * nnz)
+    lam = hash_imbalance if hash_imbalance is not None else hash_imbalance_estimate(union, n)
+    row = skewed_loads(nnz, n, lam)
+    num_blocks = -(-numel // block_size) if numel else 0
+    if block_nnz is None:
+        block_nnz = num_blocks * -math.expm1(block_size * math.log1p(-min(nnz / numel, 1 - 1e-16))) if numel else 0.0
+    if block_union is None:
+        block_union = num_blocks * -math.expm1(block_size * math.log1p(-min(union / numel, 1 - 1e-16))) \
+            if numel else 0.0
+    push, pull = block_imbalance
+    levels = [[min(float(numel), growth(len(g)) * nnz) for g in level] for level in doubling_groups(n)]
+    return Workload(numel=numel, n=n, nnz=[float(nnz)] * n, union=union, hash_counts=[row] * n,
+                    hash_union=skewed_loads(union, n, lam), doubling_unions=levels,
+                    block_counts=[skewed_loads(block_nnz, n, push)] * n, block_union=skewed_loads(block_union, n, pull),
+                    index_size=index_size, value_size=value_size, block_size=block_size, dense_input=dense_input)

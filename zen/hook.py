@@ -22,27 +22,32 @@ class ZenState:
         scheme: one of ``zen.SCHEMES``; "zen" is Balanced Parallelism.
         dense_threshold: mean density above which a bucket goes dense. None (default): decide per
             bucket by the cost formulas (``zen.cost``), with the union growth seen on that bucket before.
-        num_probes, table_factor, serial_factor: the hierarchical hash's settings (k probes, parallel
+        num_probes, table_factor, serial_factor: the hierarchical hash's settings (k probes, 0 for an
+            exact counting sort, None for the device's default: 3 on GPUs, 0 on CPUs; parallel
             memory of table_factor * nnz slots, serial memory of serial_factor * table slots).
-        timeout: timeout of zen's private process group (default: torch's).
+        timeout: bound on every zen collective of the group (timedelta or seconds; default: the process
+            group's own timeout). A dead or stalled peer makes the hook's future (so DDP's backward) raise
+            within it.
     """
 
     __slots__ = ["process_group", "scheme", "dense_threshold", "num_probes", "table_factor", "serial_factor",
                  "timeout", "_scheme", "_comm", "last_stats"]
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, scheme: str = "zen",
-                 dense_threshold: Optional[float] = None, num_probes: int = 3, table_factor: float = 2.0,
+                 dense_threshold: Optional[float] = None, num_probes: Optional[int] = None, table_factor: float = 2.0,
                  serial_factor: float = 0.1, timeout=None):
         if scheme not in SCHEMES:
             raise ValueError(f"ZenState: scheme must be one of {', '.join(SCHEMES)}; got {scheme!r}")
         if dense_threshold is not None and not (0.0 <= dense_threshold <= 1.0):
             raise ValueError(f"ZenState: dense_threshold must be None or in [0, 1]; got {dense_threshold!r}")
-        if not isinstance(num_probes, int) or not 1 <= num_probes <= 16:
-            raise ValueError(f"ZenState: num_probes must be an int in [1, 16]; got {num_probes!r}")
-        if not table_factor >= 1.0:
-            raise ValueError(f"ZenState: table_factor must be >= 1; got {table_factor!r}")
-        if not serial_factor >= 0.0:
-            raise ValueError(f"ZenState: serial_factor must be >= 0; got {serial_factor!r}")
+        if num_probes is not None and (not isinstance(num_probes, int) or not 0 <= num_probes <= 16):
+            raise ValueError(f"ZenState: num_probes must be None or an int in [0, 16]; got {num_probes!r}")
+        if not 1.0 <= table_factor <= 64.0:
+            raise ValueError(f"ZenState: table_factor must be in [1, 64]; got {table_factor!r}")
+        if not 0.0 <= serial_factor <= 64.0:
+            raise ValueError(f"ZenState: serial_factor must be in [0, 64]; got {serial_factor!r}")
+        if timeout is not None and not (timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout) > 0:
+            raise ValueError(f"ZenState: timeout must be None, a positive timedelta or seconds; got {timeout!r}")
         self.process_group = process_group
         self.scheme = scheme
         self.dense_threshold = dense_threshold

@@ -48,7 +48,12 @@ class RankError(AssertionError):
 def run_ranks(world, fn, *args, timeout=180, pg_timeout=60, expect_dead=()):
     """Run ``fn(rank, world, *args)`` on ``world`` ranks; returns the list of results by rank.
 
-    ``expect_dead``: ranks allowed to die without reporting (fault-injection tests)."""
+    ``timeout``: seconds for the whole run. ``pg_timeout``: the process group's timeout (seconds).
+    ``expect_dead``: ranks allowed to die without reporting (fault-injection tests; their result is None).
+    A rank that dies without reporting and is not in ``expect_dead`` fails the run at once."""
+    import queue as queue_mod
+    import time
+
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
@@ -57,20 +62,33 @@ def run_ranks(world, fn, *args, timeout=180, pg_timeout=60, expect_dead=()):
     for p in procs:
         p.start()
     results, errors = {}, {}
-    import queue as queue_mod
-
+    deadline = time.monotonic() + timeout
+    exited_at = {}
     try:
-        for _ in range(world - len(expect_dead)):
+        while set(range(world)) - set(results) - set(errors) - set(expect_dead):
             try:
-                rank, status, value = queue.get(timeout=timeout)
+                rank, status, value = queue.get(timeout=0.5)
             except queue_mod.Empty:
-                raise RankError(f"ranks timed out after {timeout}s; reported: {sorted(results) + sorted(errors)}")
+                now = time.monotonic()
+                if now > deadline:
+                    raise RankError(f"ranks timed out after {timeout}s; reported: {sorted(results) + sorted(errors)}")
+                for r, p in enumerate(procs):
+                    if r in results or r in errors or r in expect_dead or p.exitcode is None:
+                        continue
+                    # Exited: its last message may still be in the pipe; give it a moment, then fail.
+                    if now - exited_at.setdefault(r, now) > 3.0:
+                        raise RankError(f"rank {r} died without reporting (exit code {p.exitcode}); "
+                                        f"reported: {sorted(results) + sorted(errors)}")
+                continue
             (results if status == "ok" else errors)[rank] = value
+            if status != "ok":  # the others may wait on it: give them the group's timeout to fail too
+                deadline = min(deadline, time.monotonic() + pg_timeout + 10)
     finally:
         for p in procs:
-            p.join(timeout=10)
+            p.join(timeout=max(1.0, min(10.0, deadline - time.monotonic())))
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
     if errors:
         rank = min(errors)
         raise RankError(f"rank {rank} failed:\n{errors[rank]}")

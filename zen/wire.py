@@ -4,15 +4,25 @@ A piece is a byte buffer of two sections, each padded to 8 bytes so that it can 
 
     COO     [ indices : count * s_i bytes | pad ][ values : count * s_v bytes | pad ]
     BITMAP  [ bitmap over I_j : ceil(|I_j| / 8) bytes | pad ][ values : count * s_v bytes | pad ]
+    DENSE   [ values : numel * s_v bytes ]                      (the tensor itself, no padding: sent in place)
+    BLOCKS  [ bitmap over blocks [lo, hi) : ceil((hi - lo) / 8) bytes | pad ][ values : count * B * s_v | pad ]
 
 Indices are int32 for tensors of fewer than 2**31 elements, int64 from there (``index_dtype``); values
 have the tensor's dtype. In the bitmap, bit r (byte r // 8, bit r % 8) says whether I_j[r] is present;
-values follow in index order.
+values follow in index order. BLOCKS (OmniReduce): the elements are cut into fixed blocks of B elements
+(block b = elements [b B, (b + 1) B)); bit r says whether block lo + r is sent, and the sent blocks follow
+whole, in block order, the last block of the tensor zero-padded to B. A BLOCKS piece of zero blocks is
+empty (0 bytes): the receiver knows the count beforehand.
+
+SparCML's point-to-point messages are a STEP_HEADER, [count, format] as two int64 (``step_header``),
+followed by a COO or DENSE piece; the header is left out where the receiver already knows the count.
 """
 import torch
 
 COO = 0
 BITMAP = 1
+DENSE = 2
+BLOCKS = 3
 _ALIGN = 8
 
 
@@ -95,3 +105,77 @@ def unpack_bitmap(buf: torch.Tensor, count: int, set_size: int, val_dtype: torch
 def split(buf: torch.Tensor, sizes):
     """Consecutive slices of ``buf`` of the given byte sizes."""
     return list(torch.split(buf, list(sizes)))
+
+
+def dense_piece_bytes(numel: int, value_size: int) -> int:
+    return numel * value_size
+
+
+def piece_bytes(fmt: int, count: int, numel: int, index_size: int, value_size: int) -> int:
+    """Bytes of a COO piece of ``count`` pairs or of a DENSE piece of ``numel`` values."""
+    if fmt == COO:
+        return coo_bytes(count, index_size, value_size)
+    if fmt == DENSE:
+        return dense_piece_bytes(numel, value_size)
+    raise ValueError(f"zen: corrupt step header: unknown format {fmt}")
+
+
+def step_header(count: int, fmt: int, device=None) -> torch.Tensor:
+    return torch.tensor([count, fmt], dtype=torch.int64, device=device)
+
+
+def pack_dense(values: torch.Tensor) -> torch.Tensor:
+    """A DENSE piece: a byte view of the (contiguous) values, no copy."""
+    return _as_bytes(values)
+
+
+def unpack_dense(buf: torch.Tensor, numel: int, val_dtype: torch.dtype) -> torch.Tensor:
+    sv = torch.empty(0, dtype=val_dtype).element_size()
+    if buf.numel() != numel * sv:
+        raise ValueError(f"zen: DENSE piece of {numel} values must have {numel * sv} bytes, got {buf.numel()}")
+    return buf.view(val_dtype)
+
+
+def blocks_bytes(count: int, num_blocks: int, block_size: int, value_size: int) -> int:
+    """Bytes of a BLOCKS piece of ``count`` blocks out of a range of ``num_blocks``; 0 when count is 0."""
+    return bitmap_bytes(count * block_size, num_blocks, value_size) if count else 0
+
+
+def pack_blocks_pieces(bitmaps, block_values: torch.Tensor, counts) -> tuple:
+    """Consecutive BLOCKS pieces (piece j = bitmaps[j] and the next counts[j] rows of the [count, B]
+    ``block_values``) in one buffer; returns (buffer, byte splits)."""
+    block_size, sv = block_values.shape[1], block_values.element_size()
+    splits = [blocks_bytes(c, b.numel() * 8, block_size, sv) if c else 0 for b, c in zip(bitmaps, counts)]
+    buf = torch.empty(sum(splits), dtype=torch.uint8, device=block_values.device)
+    at = start = 0
+    for bitmap, count, size in zip(bitmaps, counts, splits):
+        if count:
+            nb = bitmap.numel()
+            buf[at:at + _padded(nb)].zero_()
+            buf[at:at + nb] = bitmap
+            values = _as_bytes(block_values[start:start + count].reshape(-1))
+            buf[at + _padded(nb):at + _padded(nb) + values.numel()] = values
+            buf[at + _padded(nb) + values.numel():at + size].zero_()
+        at += size
+        start += count
+    return buf, splits
+
+
+def pack_blocks(bitmap: torch.Tensor, block_values: torch.Tensor) -> torch.Tensor:
+    """A BLOCKS piece from the bitmap over the block range and the [count, B] values of the sent blocks."""
+    return pack_blocks_pieces([bitmap], block_values, [block_values.shape[0]])[0]
+
+
+def unpack_blocks(buf: torch.Tensor, count: int, num_blocks: int, block_size: int, val_dtype: torch.dtype):
+    """(bitmap, [count, B] values) views into one BLOCKS piece; raises on a truncated or corrupt buffer."""
+    if count < 0 or count > num_blocks:
+        raise ValueError(f"zen: corrupt piece header: {count} blocks for a range of {num_blocks}")
+    sv = torch.empty(0, dtype=val_dtype).element_size()
+    expected = blocks_bytes(count, num_blocks, block_size, sv)
+    if buf.numel() != expected:
+        raise ValueError(f"zen: BLOCKS piece of {count} blocks must have {expected} bytes, got {buf.numel()}")
+    nb = (num_blocks + 7) // 8
+    if count == 0:
+        return torch.zeros(nb, dtype=torch.uint8, device=buf.device), torch.empty(0, block_size, dtype=val_dtype,
+                                                                                    device=buf.device)
+    return buf[:nb], _section(buf, _padded(nb), count * block_size, val_dtype).view(count, block_size)

@@ -69,11 +69,14 @@ at::Tensor bitmap_encode_cpu(const at::Tensor& indices, const at::Tensor& index_
     const index_t* idx = indices.const_data_ptr<index_t>();
     const index_t* set_begin = index_set.const_data_ptr<index_t>();
     const index_t* set_end = set_begin + bits;
-    // Both are ascending: each search starts where the previous one ended.
+    // Both are ascending: each search gallops forward from where the previous one ended, so a dense
+    // subset costs O(1) per index and a sparse one O(log gap).
     const index_t* cursor = set_begin;
     for (int64_t i = 0; i < count; ++i) {
       TORCH_CHECK(i == 0 || idx[i] > idx[i - 1], "bitmap_encode: indices must be strictly ascending");
-      cursor = std::lower_bound(cursor, set_end, idx[i]);
+      int64_t step = 1;
+      while (step < set_end - cursor && cursor[step] < idx[i]) step *= 2;
+      cursor = std::lower_bound(cursor + step / 2, cursor + std::min<int64_t>(step + 1, set_end - cursor), idx[i]);
       TORCH_CHECK(cursor != set_end && *cursor == idx[i], "bitmap_encode: index ", (int64_t)idx[i],
                   " is not in the partition's index set");
       const int64_t r = cursor - set_begin;

@@ -26,10 +26,21 @@ from .base import Call, Scheme
 class BalancedParallelism(Scheme):
     name = "zen"
 
-    def __init__(self, num_probes: int = 3, table_factor: float = 2.0, serial_factor: float = 0.1,
+    def __init__(self, num_probes: Optional[int] = None, table_factor: float = 2.0, serial_factor: float = 0.1,
                  dense_switch: bool = False, dense_threshold: Optional[float] = None):
-        """``dense_switch``: after the size exchange, send the whole tensor dense (all ranks alike) when the
-        cost formulas say dense is cheaper, or when the mean density exceeds ``dense_threshold``."""
+        """``num_probes``: level-2 probes of the hierarchical hash; 0 partitions by an exact counting sort
+        instead; None (default) picks by device: 3 on GPUs, as in ZEN, and 0 on CPUs, where the random
+        table accesses cost more than they save. ``dense_switch``: after the size exchange, send the whole
+        tensor dense (all ranks alike) when the cost formulas say dense is cheaper, or when the mean density
+        exceeds ``dense_threshold``."""
+        if num_probes is not None and (not isinstance(num_probes, int) or not 0 <= num_probes <= 16):
+            raise ValueError(f"BalancedParallelism: num_probes must be None or an int in [0, 16]; got {num_probes!r}")
+        if not 1.0 <= table_factor <= 64.0:
+            raise ValueError(f"BalancedParallelism: table_factor must be in [1, 64]; got {table_factor!r}")
+        if not 0.0 <= serial_factor <= 64.0:
+            raise ValueError(f"BalancedParallelism: serial_factor must be in [0, 64]; got {serial_factor!r}")
+        if dense_threshold is not None and not 0.0 <= dense_threshold <= 1.0:
+            raise ValueError(f"BalancedParallelism: dense_threshold must be None or in [0, 1]; got {dense_threshold!r}")
         self.num_probes = num_probes
         self.table_factor = table_factor
         self.serial_factor = serial_factor
@@ -46,11 +57,14 @@ class BalancedParallelism(Scheme):
     def reduce_coo(self, call, indices, values, numel):
         return self._sync(call, indices, values, numel, dense_fallback=None)
 
-    def _go_dense(self, nnz_per_rank, numel, n, index_size, value_size) -> bool:
+    def agreement_settings(self):
+        """The settings every rank must share (they decide the protocol); checked in the agreement."""
+        return (self.dense_switch, self.dense_threshold)
+
+    def _go_dense(self, nnz_per_rank, numel, n, index_size, value_size, gamma) -> bool:
         mean_density = sum(nnz_per_rank) / (n * numel) if numel else 0.0
         if self.dense_threshold is not None:
             return mean_density > self.dense_threshold
-        gamma = self.gamma.get(numel, float(n))
         sparse = balanced_bytes(numel, mean_density, n, gamma, 1.0, index_size, value_size)
         return sparse >= dense_bytes(numel, n, value_size)
 
@@ -62,14 +76,17 @@ class BalancedParallelism(Scheme):
         indices = indices.to(idx_dtype)
 
         # 1-2. partition, then agree on sizes: counts[p][j] = pairs rank p sends to partition j.
+        probes = self.num_probes if self.num_probes is not None else (3 if indices.is_cuda else 0)
         part_idx, part_val, counts, part_stats = ops.partition(
-            indices, values, n, seed, self.num_probes, self.table_factor, self.serial_factor)
-        counts = call.agree(counts.tolist()).tolist()
+            indices, values, n, seed, probes, self.table_factor, self.serial_factor)
+        # Rank 0's estimate of gamma rides along, so the dense switch sees the same inputs on every rank.
+        agreed = call.agree(counts.tolist() + [round(self.gamma.get(numel, float(n)) * 1e6)])
+        counts, gamma = agreed[:, :n].tolist(), agreed[0, n].item() / 1e6
         nnz = [sum(row) for row in counts]
         loads = [sum(counts[p][j] for p in range(n)) for j in range(n)]
         call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
                           partition_fallback=int(part_stats[2]))
-        if dense_fallback is not None and self._go_dense(nnz, numel, n, si, sv):
+        if dense_fallback is not None and self._go_dense(nnz, numel, n, si, sv, gamma):
             dist.all_reduce(dense_fallback, group=comm.group)
             call.stats.update(dense=True, bytes_sent=dense_bytes(numel, n, sv))
             return []

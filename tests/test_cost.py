@@ -1,0 +1,307 @@
+"""The cost model's formulas against hand-computed values and the design notes' closed forms; the
+estimates' properties; the planner command. No process group needed."""
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zen import cost
+from zen.cost import Profile, Workload, estimate_workload, predict_times
+from zen.planner import embedding_workload, expected_distinct, main, workload_from_indices, zipf_probabilities
+from zen.prediction import parse_rate, parse_time
+
+B = 1e9  # bytes/s
+WIRE_ONLY = Profile(bandwidth=B, latency=0.0, memory_bandwidth=1e300, element_time=0.0)
+
+
+def agree_bytes(n, ints):
+    """The agreement all-gather's wire time: (n-1) * 8 * (6 header + extra) bytes."""
+    return (n - 1) * 8 * (6 + ints) / B
+
+
+def uniform(numel, n, nnz, gamma, **kw):
+    return estimate_workload(numel, n, nnz, gamma, hash_imbalance=1.0, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# closed forms (wire only)
+
+
+def test_dense_is_the_ring():
+    w = uniform(10**6, 4, 1000, 2.0)
+    assert cost.dense_time(w, WIRE_ONLY) == pytest.approx(2 * 3 / 4 * 4e6 / B + agree_bytes(4, 0), rel=1e-12)
+    assert cost.dense_bytes(10**6, 4, 4) == 6e6
+    assert cost.dense_bytes(10**6, 1, 4) == 0.0
+
+
+def test_agsparse_is_n_minus_1_k():
+    n, k = 5, 2000
+    w = uniform(10**6, n, k, 3.0)
+    assert cost.agsparse_time(w, WIRE_ONLY) == pytest.approx((n - 1) * k * 8 / B + agree_bytes(n, 1), rel=1e-12)
+
+
+def test_agsparse_uneven_takes_the_busiest_link():
+    w = uniform(10**6, 3, 100, 3.0)
+    w.nnz = [100, 1000, 10]  # rank 1 sends 2 * 1000 pairs; rank 2 receives 1100
+    assert cost.agsparse_time(w, WIRE_ONLY) == pytest.approx(2000 * 8 / B + agree_bytes(3, 1), rel=1e-12)
+
+
+@pytest.mark.parametrize("gamma", [1.0, 3.5, 8.0])
+def test_zen_is_equation_1(gamma):
+    """(n-1)/n (k + gamma k) (s_i + s_v) / b with COO pulls; plus the pull-size all-gather (3 ints)."""
+    n, k, numel = 8, 10_000, 10**8
+    w = uniform(numel, n, k, gamma)
+    expected = (n - 1) / n * (k + gamma * k) * 8 / B
+    assert cost.zen_time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(n, n) + (n - 1) * 24 / B, rel=1e-9)
+    assert cost.balanced_bytes(numel, k / numel, n, gamma, 1.0, 4, 4) / B == pytest.approx(expected, rel=1e-9)
+
+
+def test_zen_pull_switches_to_the_bitmap_and_scales_with_imbalance():
+    n, numel = 4, 1 << 20
+    k = numel // 8  # union density n/8 = 50% > 1/32: the bitmap wins
+    w = estimate_workload(numel, n, k, 4.0, hash_imbalance=1.0)
+    union = w.union
+    pull = (n - 1) / n * (union * 4 + numel / 8)
+    push = (n - 1) / n * k * 8
+    assert cost.zen_time(w, WIRE_ONLY) == pytest.approx((push + pull) / B + agree_bytes(n, n) + (n - 1) * 24 / B,
+                                                        rel=1e-9)
+    heavy = estimate_workload(numel, n, k, 4.0, hash_imbalance=1.5)
+    assert heavy.hash_imbalance == pytest.approx(1.5)
+    assert cost.zen_time(heavy, WIRE_ONLY) > cost.zen_time(w, WIRE_ONLY) * 1.4
+
+
+def test_sparcml_is_equation_2():
+    """Power of two: sum_{i=1..log2 n} gamma(2^(i-1)) k (s_i + s_v) / b; disjoint ranks: gamma(m) = m."""
+    n, k, numel = 8, 1000, 10**8
+    w = estimate_workload(numel, n, k, float(n))
+    expected = sum(2 ** (i - 1) * k * 8 for i in range(1, 4)) / B
+    assert cost.sparcml_time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(n, 1), rel=1e-12)
+
+
+def test_sparcml_messages_stop_at_dense():
+    n, numel = 4, 1000
+    w = estimate_workload(numel, n, 400, 4.0)  # 400 pairs = 3200 B < 4000 B dense; the union of 2 is dense
+    steps = [min(400 * 8, 4000), min(800 * 8, 4000)]
+    assert cost.sparcml_time(w, WIRE_ONLY) == pytest.approx(sum(steps) / B + agree_bytes(n, 1), rel=1e-12)
+
+
+def test_sparcml_folds_the_extra_ranks():
+    """n = 3: rank 2 folds into 0 (k), one doubling step (the fold's union 2k), unfold of the union 3k."""
+    k, numel = 100, 10**6
+    w = estimate_workload(numel, 3, k, 3.0)
+    expected = (k * 8 + 2 * k * 8 + 3 * k * 8) / B
+    assert cost.sparcml_time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(3, 1), rel=1e-12)
+    alpha = 1e-5
+    with_latency = Profile(bandwidth=B, latency=alpha, memory_bandwidth=1e300, element_time=0.0)
+    # agreement ring (2 alpha), fold (1), step with header (2), unfold with header (2)
+    assert cost.sparcml_time(w, with_latency) == pytest.approx(expected + agree_bytes(3, 1) + 7 * alpha, rel=1e-9)
+
+
+def test_omnireduce_blocks():
+    """(n-1)/n (K + U_b) B s_v / b plus a bitmap of each owner's range per non-empty piece."""
+    n, numel, bs = 4, 1 << 20, 256
+    w = estimate_workload(numel, n, 1000, 2.0, block_nnz=400, block_union=800, hash_imbalance=1.0)
+    ranges = numel // bs // n
+    push = (n - 1) * (100 * bs * 4 + ranges / 8)
+    pull = (n - 1) * (200 * bs * 4 + ranges / 8)
+    assert cost.omnireduce_time(w, WIRE_ONLY) == pytest.approx(
+        (push + pull) / B + agree_bytes(n, n) + (n - 1) * 8 / B, rel=1e-12)
+    skewed = estimate_workload(numel, n, 1000, 2.0, block_nnz=400, block_union=800, block_imbalance=(3.0, 3.0))
+    assert skewed.block_imbalance == pytest.approx(3.0)
+    assert cost.omnireduce_time(skewed, WIRE_ONLY) > 2.5 * (push + pull) / B
+
+
+def test_latency_terms_count_message_steps():
+    p = Profile(bandwidth=B, latency=1e-5)
+    assert p.fixed("allgather", 5) == pytest.approx(4e-5)
+    assert p.fixed("allreduce", 5) == pytest.approx(8e-5)
+    assert p.fixed("alltoall", 5) == p.fixed("p2p", 5) == pytest.approx(1e-5)
+    assert p.fixed("allreduce", 1) == 0.0
+    measured = Profile(bandwidth=B, latency=1e-5, overheads=(("alltoall", 3e-4),))
+    assert measured.fixed("alltoall", 5) == 3e-4 and measured.fixed("p2p", 5) == 1e-5
+    w = uniform(10**6, 5, 1000, 2.0)
+    assert cost.dense_time(w, p) - cost.dense_time(w, WIRE_ONLY) == pytest.approx(4e-5 + 8e-5)
+
+
+def test_local_terms():
+    """The non-zero scan reads the tensor: M s_v / mu; a COO input skips it."""
+    slow_memory = Profile(bandwidth=1e300, latency=0.0, memory_bandwidth=1e6, element_time=0.0)
+    w = uniform(10**6, 1, 1000, 1.0)
+    assert cost.agsparse_time(w, slow_memory) == pytest.approx(4e6 / 1e6)
+    w.dense_input = False
+    assert cost.agsparse_time(w, slow_memory) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_profile_validates():
+    with pytest.raises(ValueError, match="bandwidth"):
+        Profile(bandwidth=0, latency=0)
+    with pytest.raises(ValueError, match="latency"):
+        Profile(bandwidth=1, latency=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# choices
+
+
+def test_predict_times_auto_is_the_minimum():
+    p = Profile(bandwidth=125e6, latency=50e-6)
+    sparse = predict_times(uniform(10**7, 8, 1000, 4.0), p)
+    assert sparse["auto"] == min(v for k, v in sparse.items() if k != "auto")
+    assert cost.choose(sparse) != "dense"
+    dense = predict_times(uniform(10**5, 8, 9 * 10**4, 1.1), p)
+    assert cost.choose(dense) == "dense"
+    assert set(predict_times(uniform(10**5, 8, 10, 1.0), p, ["zen", "dense"])) == {"zen", "dense", "auto"}
+
+
+def test_one_rank_and_empty_tensors_cost_the_call_only():
+    p = Profile(bandwidth=B, latency=1e-5, call_overhead=2e-5)
+    assert set(predict_times(uniform(10**6, 1, 1000, 1.0), p).values()) == {2e-5}
+    empty = predict_times(uniform(0, 4, 0, 1.0), p)
+    assert list(empty.values()) == pytest.approx([2e-5 + 3e-5 + 3 * 48 / B] * 6)  # call + agreement ring
+    assert set(cost.predict_memory(uniform(10**6, 1, 1000, 1.0)).values()) == {0.0}
+
+
+def test_choose_breaks_ties_in_order():
+    assert cost.choose({"zen": 1.0, "dense": 1.0, "auto": 1.0}) == "zen"
+    assert cost.choose({"dense": 2.0, "sparcml": 1.0}) == "sparcml"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# memory
+
+
+def test_memory():
+    w = uniform(1 << 20, 8, 1000, 4.0)
+    memory = cost.predict_memory(w)
+    assert memory["dense"] == 0.0
+    assert set(memory) == {"dense", "agsparse", "sparcml", "omnireduce", "zen"}
+    # the all-gather holds every rank's piece: it grows with n, zen's buffers do not
+    wide = uniform(1 << 20, 64, 1000, 4.0)
+    assert cost.agsparse_memory(wide) > 4 * cost.agsparse_memory(w)
+    assert cost.zen_memory(wide) < 2 * cost.zen_memory(w)
+    # zen's bitmap pull caches the index sets: M int32 indices
+    dense_union = uniform(1 << 20, 8, 1 << 17, 8.0)
+    assert cost.zen_memory(dense_union) >= (1 << 20) * 4
+    # the aggregate's table: next power of two >= 2 count slots of 16 bytes, 24 bytes per result
+    assert cost._aggregate_bytes(1000, 10) == 16 * 2048 + 240
+
+
+# ---------------------------------------------------------------------------------------------------------
+# estimates
+
+
+@settings(max_examples=60, deadline=None)
+@given(nnz=st.floats(1, 1e6), n=st.integers(2, 64), ratio=st.floats(0, 1))
+def test_union_growth_passes_through_its_ends(nnz, n, ratio):
+    gamma = 1 + ratio * (n - 1)
+    growth = cost.union_growth(nnz, gamma, n)
+    assert growth(1) == pytest.approx(1.0, rel=1e-6)
+    assert growth(n) == pytest.approx(gamma, rel=1e-6)
+    values = [growth(m) for m in range(1, n + 1)]
+    assert all(b >= a - 1e-9 for a, b in zip(values, values[1:]))  # grows
+    assert all(v <= m + 1e-9 for m, v in enumerate(values, 1))  # at most m
+
+
+def test_uniform_growth_is_balls_in_bins():
+    growth = cost.uniform_growth(100, 1000)
+    assert growth(2) == pytest.approx(1000 * (1 - 0.9 ** 2) / 100)
+    assert cost.uniform_growth(100, 100)(5) == 1.0
+
+
+def test_hash_imbalance_estimate():
+    assert cost.hash_imbalance_estimate(1e4, 8) == pytest.approx(1 + math.sqrt(2 * 7 * math.log(8) / 1e4))
+    assert cost.hash_imbalance_estimate(1e4, 1) == 1.0
+
+
+def test_doubling_groups():
+    assert cost.doubling_groups(5) == [[[0, 4], [1], [2], [3]], [[0, 4, 1], [2, 3]], [[0, 4, 1, 2, 3]]]
+    assert cost.doubling_groups(1) == [[[0]]]
+    assert cost.doubling_groups(3) == [[[0, 2], [1]], [[0, 2, 1]]]
+
+
+def test_expected_distinct_rows():
+    """Uniform p = 1/V: V (1 - (1 - 1/V)^T) distinct rows; Zipf: fewer (hot rows repeat)."""
+    rows, tokens = 1000, 500
+    uniform_p = zipf_probabilities(rows, 0.0)
+    assert expected_distinct(uniform_p, tokens).sum() == pytest.approx(rows * (1 - (1 - 1 / rows) ** tokens))
+    assert expected_distinct(zipf_probabilities(rows, 1.0), tokens).sum() < expected_distinct(uniform_p, tokens).sum()
+
+
+def test_embedding_workload_against_sampling():
+    """The expected-value workload against the exact workload of sampled Zipf batches (within a few %)."""
+    rows, dim, tokens, world = 2000, 4, 300, 4
+    w = embedding_workload(rows, dim, tokens, world, zipf=1.0, block_size=16)
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor(zipf_probabilities(rows, 1.0))
+    samples = []
+    for _ in range(20):
+        per_rank = []
+        for _ in range(world):
+            drawn = torch.unique(torch.multinomial(p, tokens, replacement=True, generator=gen))
+            per_rank.append((drawn[:, None] * dim + torch.arange(dim)).view(-1))
+        samples.append(workload_from_indices(per_rank, rows * dim, block_size=16))
+    mean = lambda f: sum(f(s) for s in samples) / len(samples)  # noqa: E731
+    assert w.nnz[0] == pytest.approx(mean(lambda s: sum(s.nnz) / world), rel=0.03)
+    assert w.union == pytest.approx(mean(lambda s: s.union), rel=0.03)
+    assert sum(w.block_counts[0]) == pytest.approx(mean(lambda s: sum(map(sum, s.block_counts)) / world), rel=0.03)
+    assert w.block_union == pytest.approx([mean(lambda s, j=j: s.block_union[j]) for j in range(world)], rel=0.05)
+    assert w.block_imbalance == pytest.approx(mean(lambda s: s.block_imbalance), rel=0.05)
+    for level, sampled in zip(w.doubling_unions, zip(*[s.doubling_unions for s in samples])):
+        assert level == pytest.approx([sum(g) / len(g) for g in zip(*sampled)], rel=0.03)
+
+
+def test_parse_units():
+    assert parse_rate("1gbit") == 1.25e8
+    assert parse_rate("10GB/s") == 1e10
+    assert parse_rate(5e6) == 5e6
+    assert parse_time("50us") == pytest.approx(5e-5)
+    assert parse_time("0.1ms") == pytest.approx(1e-4)
+    with pytest.raises(ValueError):
+        parse_rate("1gbps")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the planner command
+
+
+def test_planner_embedding(capsys):
+    assert main(["--embedding", "100000x64", "--batch-tokens", "2048", "--world", "8", "--bandwidth", "1gbit",
+                 "--latency", "50us"]) == 0
+    text = capsys.readouterr().out
+    for scheme in ("dense", "agsparse", "sparcml", "omnireduce", "zen"):
+        assert f"  {scheme} " in text
+    assert "recommendation: scheme=" in text
+
+
+def test_planner_json_and_gradients(tmp_path, capsys):
+    gen = torch.Generator().manual_seed(0)
+    paths = []
+    for rank in range(2):
+        grad = torch.zeros(500, 16)
+        grad[torch.randint(0, 500, (40,), generator=gen)] = 1.0
+        paths.append(str(tmp_path / f"rank{rank}.pt"))
+        torch.save(grad, paths[-1])
+    argv = ["--gradient", *paths, "--world", "2", "--bandwidth", "10gbit", "--latency", "20us", "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    times = result["tensors"][0]["times"]
+    assert result["recommendation"] == min((t, s) for s, t in result["total"].items() if s != "auto")[1]
+    assert times["auto"] == min(t for s, t in times.items() if s != "auto")
+    # two files for two ranks: the exact workload
+    grads = [torch.load(p) for p in paths]
+    union = int(((grads[0] != 0) | (grads[1] != 0)).sum())
+    mean_nnz = sum(int((g != 0).sum()) for g in grads) / 2
+    assert result["tensors"][0]["gamma"] == pytest.approx(union / mean_nnz)
+    # fewer files than ranks: extrapolated
+    assert main(["--gradient", paths[0], "--world", "8", "--bandwidth", "1gbit", "--latency", "50us"]) == 0
+    assert "recommendation" in capsys.readouterr().out
+
+
+def test_planner_rejects_bad_input(capsys):
+    with pytest.raises(SystemExit):
+        main(["--embedding", "100x", "--batch-tokens", "5", "--world", "2", "--bandwidth", "1gbit", "--latency", "1us"])
+    with pytest.raises(SystemExit):
+        main(["--world", "2", "--bandwidth", "1gbit", "--latency", "1us"])

@@ -1,0 +1,486 @@
+"""Reliability: bad input on any rank, edge-case tensors, pathological partitions, dead and stalled peers.
+
+Every multi-rank case runs inside one of two launches (a module fixture each), because starting ranks is
+what costs here; the test functions then check their part of the recorded outcomes. An outcome is
+("ok", details) or (exception type name, message), per rank.
+"""
+import datetime
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distributed import run_ranks
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+BAD_DTYPES = [torch.bool, torch.int8, torch.uint8, torch.int16, torch.complex64, torch.complex128]
+PG_TIMEOUT = 8  # seconds: the fault-injection launch's process-group timeout
+MARGIN = 6  # seconds allowed past it (a loaded 2-core machine schedules late)
+
+
+def same(a, b):
+    """Bit-equal values (NaN where NaN), same shape and dtype."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(torch.nan_to_num(a, nan=0.0),
+                                                                             torch.nan_to_num(b, nan=0.0))
+    return torch.equal(a, b)
+
+
+def outcome(fn):
+    try:
+        result = fn()
+        return ("ok", result)
+    except Exception as error:  # noqa: BLE001  (recorded and checked by the parent)
+        return (type(error).__name__, str(error))
+
+
+def tensor_for(rank, numel=600, dtype=torch.float32, seed=0, density=0.2):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    x = torch.randint(-8, 8, (numel,), generator=g).to(dtype) * (torch.rand(numel, generator=g) < density)
+    return x.to(dtype)
+
+
+def check(x, group=None, scheme="zen", **kw):
+    """zen.all_reduce(x) against dist.all_reduce of a copy; returns whether they are bit-equal."""
+    import zen
+
+    ref = x.detach().clone()
+    dist.all_reduce(ref, group=group)
+    zen.all_reduce(x, scheme=scheme, group=group, **kw)
+    return same(x.detach(), ref)
+
+
+# --- launch 1: bad input, edge cases, groups, pathological partitions (3 ranks) -------------------------
+def _bad_input_cases(rank, world):
+    import zen
+    from zen.schemes.balanced import BalancedParallelism
+
+    out = {}
+    x = tensor_for(rank)
+
+    def run(name, make_tensor, scheme="zen"):
+        out[name] = outcome(lambda: zen.all_reduce(make_tensor(), scheme=scheme))
+
+    run("scheme_one", lambda: x.clone(), "nope" if rank == 1 else "zen")
+    run("scheme_all", lambda: x.clone(), "nope")
+    run("scheme_object", lambda: x.clone(), 42 if rank == 2 else "zen")
+    run("scheme_differs", lambda: x.clone(), "dense" if rank == 0 else "zen")
+    for dtype in BAD_DTYPES:
+        run(f"dtype_one_{dtype}", lambda: x.to(dtype) if rank == 2 else x.clone())
+    run("dtype_all_int8", lambda: x.to(torch.int8))
+    run("dtype_differs", lambda: x.double() if rank == 1 else x.clone())
+    run("numel_differs", lambda: tensor_for(rank, 600 + (rank == 2)))
+    run("shape_differs", lambda: x.view(20, 30) if rank == 0 else x.view(30, 20))
+    run("layout_differs", lambda: x.to_sparse() if rank == 1 else x.clone())
+    run("meta_one", lambda: torch.empty(600, device="meta") if rank == 0 else x.clone())
+    run("meta_all", lambda: torch.empty(600, device="meta"))
+    run("not_a_tensor", lambda: [1.0] * 600 if rank == 1 else x.clone())
+    run("overlapping", lambda: torch.ones(1).expand(600) if rank == 2 else x.clone())
+
+    class FailsBeforeExchange(BalancedParallelism):
+        def reduce_dense(self, call, flat):
+            if rank == 1:
+                raise RuntimeError("injected failure before the exchange")
+            return super().reduce_dense(call, flat)
+
+    run("fails_before_exchange", lambda: x.clone(), FailsBeforeExchange())
+    run("settings_differ", lambda: x.clone(),
+        BalancedParallelism(dense_switch=True, dense_threshold=0.5 if rank == 0 else None))
+    for scheme in zen.SCHEMES:  # every scheme's agreement: a one-rank mismatch and a one-rank bad dtype
+        run(f"numel_differs_{scheme}", lambda: tensor_for(rank, 600 + rank), scheme)
+        run(f"dtype_one_{scheme}", lambda: x.to(torch.int16) if rank == 0 else x.clone(), scheme)
+    out["usable_after"] = outcome(lambda: check(x.clone()))
+
+    def timeouts():  # zen's group starts with the user's group's timeout (60 s here); a call may change it
+        from zen.comm import get_comm, group_timeout
+
+        first = group_timeout(get_comm().group).total_seconds()
+        zen.all_reduce(x.clone(), timeout=45)
+        return first, group_timeout(get_comm().group).total_seconds()
+
+    out["timeouts"] = outcome(timeouts)
+    return out
+
+
+def _edge_cases(rank, world):
+    import zen
+
+    out = {}
+    for scheme in zen.SCHEMES:
+        for shape in [(0,), (0, 5), (3, 0, 2)]:
+            out[f"empty_{scheme}_{shape}"] = outcome(lambda: check(torch.zeros(shape), scheme=scheme))
+        out[f"scalar_{scheme}"] = outcome(lambda: check(torch.tensor(float(rank + 1)), scheme=scheme))
+        for dtype in FLOATS:
+            def nan_inf():
+                x = tensor_for(rank, 200, dtype, seed=3)
+                x[5] = float("nan") if rank == 1 else 0.0  # NaN on one rank only
+                x[6] = [float("inf"), -float("inf"), 1.0][rank]  # +Inf + -Inf = NaN
+                x[7] = float("inf") if rank == 2 else 2.0  # Inf + finite
+                x[8] = -float("inf")  # -Inf everywhere
+                x[9] = float("nan")  # NaN everywhere
+                return check(x, scheme=scheme)
+
+            out[f"nan_inf_{scheme}_{dtype}"] = outcome(nan_inf)
+
+        def views():
+            results = []
+            for index in [(slice(None), slice(None)), (slice(3, 30), slice(5, 50, 4)), (slice(7, 8), slice(None))]:
+                base = tensor_for(rank, 2400, seed=4).view(40, 60)
+                before = base.clone()
+                results.append(check(base[index].t(), scheme=scheme))  # transposed / strided / offset
+                outside = torch.ones_like(base, dtype=torch.bool)
+                outside[index] = False
+                results.append(torch.equal(base[outside], before[outside]))  # the rest of the buffer untouched
+            image = tensor_for(rank, 2 * 3 * 8 * 8, seed=5).view(2, 3, 8, 8).to(memory_format=torch.channels_last)
+            results.append(check(image, scheme=scheme))
+            return results
+
+        out[f"views_{scheme}"] = outcome(views)
+
+    def parameter():
+        p = torch.nn.Parameter(tensor_for(rank, 500, seed=6))
+        ref = p.detach().clone()
+        dist.all_reduce(ref)
+        zen.all_reduce(p)
+        return same(p.detach(), ref) and p.requires_grad
+
+    out["parameter"] = outcome(parameter)
+
+    # World size 1 (a group of one per rank), subgroups, overlapping groups in turn, and a bad call in one
+    # group that leaves the others working.
+    singles = [dist.new_group([r]) for r in range(world)]
+    pairs = [dist.new_group([0, 1]), dist.new_group([1, 2]), dist.new_group([0, 2])]
+    mine = singles[rank]
+    x = tensor_for(rank, 300, seed=7)
+    out["world1_unchanged"] = outcome(lambda: check(x.clone(), group=mine))
+    out["world1_sparse"] = outcome(lambda: (zen.all_reduce(x.to_sparse(), group=mine), True)[1])
+    out["world1_empty"] = outcome(lambda: check(torch.zeros(0), group=mine))
+    out["world1_bad_dtype"] = outcome(lambda: zen.all_reduce(x.to(torch.int8), group=mine))
+    results = []
+    for round_ in range(2):
+        for g, members in zip(pairs, [(0, 1), (1, 2), (0, 2)]):
+            if rank in members:
+                results.append(check(tensor_for(rank, 500, seed=8 + round_), group=g))
+                # a mismatch in this pair only: raises on both members, and the next round still works
+                results.append(outcome(lambda: zen.all_reduce(tensor_for(rank, 500 + rank), group=g))[0])
+        results.append(check(tensor_for(rank, 700, seed=9 + round_)))  # the world, in turn
+    out["groups_in_turn"] = ("ok", results)
+    return out
+
+
+def _pathological_partitions(rank, world):
+    import zen
+    from zen import ops
+    from zen.comm import get_comm
+    from zen.schemes.balanced import BalancedParallelism
+
+    out = {}
+    settings = {
+        "overflow": dict(num_probes=1, table_factor=1.0, serial_factor=0.0),  # every collision overflows
+        "all_serial": dict(num_probes=1, table_factor=1.0, serial_factor=1.0),  # collisions go serial
+        "widest": dict(num_probes=16, table_factor=64.0, serial_factor=64.0),
+        "sort_only": dict(num_probes=0),
+    }
+    seed = get_comm().seed
+    hot = torch.arange(100000)
+    one_partition = hot[ops.hash_partition(hot, world, seed) == 0][:3000]  # every index into partition 0
+    for name, kw in settings.items():
+        scheme = BalancedParallelism(**kw)
+        for case in ["dense", "uniform", "one_partition", "empty_rank"]:
+            if case == "dense":
+                x = tensor_for(rank, 4000, seed=10, density=1.1)
+            elif case == "uniform":
+                x = tensor_for(rank, 50000, seed=11, density=0.05)
+            elif case == "one_partition":
+                x = torch.zeros(100000)
+                x[one_partition] = tensor_for(rank, one_partition.numel(), seed=12, density=0.8)
+            else:
+                x = tensor_for(rank, 20000, seed=13) if rank != 1 else torch.zeros(20000)
+            stats = {}
+
+            def run():
+                ok = check(x, scheme=scheme, stats=stats)
+                return ok, stats.get("partition_fallback"), stats.get("imbalance")
+
+            out[f"{name}_{case}"] = outcome(run)
+
+    # The same through the DDP hook's state (tiny tables), on a bucket-like buffer.
+    state = zen.ZenState(num_probes=1, table_factor=1.0, serial_factor=0.0, dense_threshold=1.0)
+
+    class Bucket:
+        def __init__(self, buffer):
+            self._buffer = buffer
+
+        def buffer(self):
+            return self._buffer
+
+        def index(self):
+            return 0
+
+    def hook():
+        buf = tensor_for(rank, 30000, seed=14, density=0.3)
+        ref = buf.clone()
+        dist.all_reduce(ref)
+        got = zen.zen_hook(state, Bucket(buf)).wait()
+        return torch.allclose(got, ref / world, rtol=0, atol=1e-6), state.last_stats.get("partition_fallback")
+
+    out["hook_overflow"] = outcome(hook)
+    return out
+
+
+def _launch1(rank, world):
+    out = {}
+    out.update(_bad_input_cases(rank, world))
+    out.update(_edge_cases(rank, world))
+    out.update(_pathological_partitions(rank, world))
+    return out
+
+
+@pytest.fixture(scope="module")
+def three_ranks():
+    return run_ranks(3, _launch1, timeout=400)
+
+
+def agreed_error(outcomes, *fragments):
+    """Every rank raised MismatchError with the same message, which holds every fragment."""
+    kinds = {o[0] for o in outcomes}
+    messages = {o[1] for o in outcomes}
+    assert kinds == {"MismatchError"}, outcomes
+    assert len(messages) == 1, outcomes
+    message = messages.pop()
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    return message
+
+
+def by_case(three_ranks, name):
+    return [three_ranks[r][name] for r in range(3)]
+
+
+def test_unknown_scheme_raises_on_every_rank(three_ranks):
+    import zen
+
+    agreed_error(by_case(three_ranks, "scheme_one"), "rank 1", "unknown scheme", "'nope'", "allowed",
+                 ", ".join(zen.SCHEMES))
+    message = agreed_error(by_case(three_ranks, "scheme_all"), "'nope'")
+    assert all(f"rank {r}" in message for r in range(3))
+    agreed_error(by_case(three_ranks, "scheme_object"), "rank 2", "unknown scheme", "42")
+    agreed_error(by_case(three_ranks, "scheme_differs"), "scheme is 'dense' on ranks [0]; 'zen' on ranks [1, 2]")
+
+
+def test_unsupported_dtype_on_one_rank_raises_on_every_rank(three_ranks):
+    for dtype in BAD_DTYPES:
+        agreed_error(by_case(three_ranks, f"dtype_one_{dtype}"), "rank 2", "unsupported dtype", f"got {dtype}")
+    message = agreed_error(by_case(three_ranks, "dtype_all_int8"), "torch.int8")
+    assert all(f"rank {r}" in message for r in range(3))
+
+
+def test_tensors_that_differ_across_ranks_raise_on_every_rank(three_ranks):
+    agreed_error(by_case(three_ranks, "dtype_differs"), "dtype is torch.float32 on ranks [0, 2]; torch.float64 on ranks [1]")
+    agreed_error(by_case(three_ranks, "numel_differs"), "numel is 600 on ranks [0, 1]; 601 on ranks [2]")
+    agreed_error(by_case(three_ranks, "shape_differs"), "shape is (20, 30) on ranks [0]; (30, 20) on ranks [1, 2]")
+    agreed_error(by_case(three_ranks, "layout_differs"), "layout is strided on ranks [0, 2]; sparse_coo on ranks [1]")
+
+
+def test_every_scheme_refuses_bad_input_alike(three_ranks):
+    import zen
+
+    for scheme in zen.SCHEMES:
+        agreed_error(by_case(three_ranks, f"numel_differs_{scheme}"), "numel is 600 on ranks [0]")
+        agreed_error(by_case(three_ranks, f"dtype_one_{scheme}"), "rank 0", "got torch.int16")
+
+
+def test_bad_device_layout_or_argument_raises_on_every_rank(three_ranks):
+    agreed_error(by_case(three_ranks, "meta_one"), "rank 0", "device", "meta", "gloo")
+    message = agreed_error(by_case(three_ranks, "meta_all"), "meta")
+    assert all(f"rank {r}" in message for r in range(3))
+    agreed_error(by_case(three_ranks, "not_a_tensor"), "rank 1", "not a tensor", "got list")
+    agreed_error(by_case(three_ranks, "overlapping"), "rank 2", "overlapping memory")
+
+
+def test_failure_before_the_exchange_raises_on_every_rank(three_ranks):
+    agreed_error(by_case(three_ranks, "fails_before_exchange"), "rank 1", "failed before the exchange",
+                 "RuntimeError: injected failure before the exchange")
+
+
+def test_scheme_settings_that_differ_raise_on_every_rank(three_ranks):
+    agreed_error(by_case(three_ranks, "settings_differ"), "settings is", "on ranks [0]", "on ranks [1, 2]")
+
+
+def test_group_still_usable_after_bad_input(three_ranks):
+    assert by_case(three_ranks, "usable_after") == [("ok", True)] * 3
+
+
+def test_zens_group_takes_the_users_timeout_and_a_given_one(three_ranks):
+    assert by_case(three_ranks, "timeouts") == [("ok", (60.0, 45.0))] * 3
+
+
+def test_empty_scalar_nan_inf_views_and_parameters(three_ranks):
+    import zen
+
+    names = [n for n in three_ranks[0] if n.split("_")[0] in ("empty", "scalar", "nan", "views", "parameter")]
+    assert len(names) == len(zen.SCHEMES) * (3 + 1 + len(FLOATS) + 1) + 1
+    bad = {}
+    for name in names:
+        for rank, (kind, value) in enumerate(by_case(three_ranks, name)):
+            ok = kind == "ok" and (all(value) if isinstance(value, list) else value is True)
+            if not ok:
+                bad[(name, rank)] = (kind, value)
+    assert bad == {}
+
+
+def test_world_size_one_groups_in_turn(three_ranks):
+    for rank in range(3):
+        out = three_ranks[rank]
+        assert out["world1_unchanged"] == ("ok", True)
+        assert out["world1_sparse"] == ("ok", True)
+        assert out["world1_empty"] == ("ok", True)
+        assert out["world1_bad_dtype"][0] == "MismatchError" and "torch.int8" in out["world1_bad_dtype"][1]
+        kind, results = out["groups_in_turn"]
+        # per round: two pairs (a check and a mismatch each), then the world
+        assert results == [True, "MismatchError", True, "MismatchError", True] * 2, results
+
+
+def test_pathological_partitions_are_exact(three_ranks):
+    names = [n for n in three_ranks[0] if n.split("_")[0] in ("overflow", "all", "widest", "sort")]
+    assert len(names) == 16
+    for name in names:
+        for kind, value in by_case(three_ranks, name):
+            assert kind == "ok" and value[0] is True, (name, kind, value)
+    # the exact fallback really ran where the serial memory had no room, and one server took everything
+    assert any(three_ranks[r]["overflow_dense"][1][1] == 1 for r in range(3))
+    assert any(three_ranks[r]["overflow_one_partition"][1][1] == 1 for r in range(3))
+    assert three_ranks[0]["widest_one_partition"][1][2] == pytest.approx(3.0)
+    for rank in range(3):
+        kind, (ok, fallback) = three_ranks[rank]["hook_overflow"]
+        assert kind == "ok" and ok and fallback == 1
+
+
+def test_scheme_and_state_settings_are_validated():
+    import zen
+    from zen.schemes.balanced import BalancedParallelism
+
+    for kw, name in [(dict(num_probes=17), "num_probes"), (dict(num_probes=1.5), "num_probes"),
+                     (dict(table_factor=0.5), "table_factor"), (dict(table_factor=float("inf")), "table_factor"),
+                     (dict(table_factor=float("nan")), "table_factor"), (dict(serial_factor=-0.1), "serial_factor"),
+                     (dict(serial_factor=float("inf")), "serial_factor"), (dict(dense_threshold=1.5), "dense_threshold")]:
+        with pytest.raises(ValueError, match=name):
+            BalancedParallelism(**kw)
+        with pytest.raises(ValueError, match=name):
+            zen.ZenState(**kw)
+    with pytest.raises(ValueError, match="scheme must be one of.*zen"):
+        zen.ZenState(scheme="nope")
+    with pytest.raises(ValueError, match="timeout"):
+        zen.ZenState(timeout=-1)
+    with pytest.raises(ValueError, match="allowed: .*zen"):
+        from zen.schemes import make_scheme
+
+        make_scheme("nope")
+
+
+# --- launch 2: faults (4 ranks) -------------------------------------------------------------------------
+def _faults(rank, world, timeout):
+    """Pairs {0, 1} and {2, 3}, each with their own groups.
+
+    0, 1: DDP with zen's hook on group A; rank 1 dies in its second backward (the hook's collective in
+          flight on rank 0). Then rank 0 calls zen.all_reduce on group D, whose peer is already dead.
+    2, 3: rank 3 stalls (alive, never calls) while rank 2 queues three calls on group B (torch's 30 min
+          default timeout; zen's was given to zen.all_reduce), then one call on group C (zen follows C's
+          own timeout); then rank 3 joins a call on group E and dies in its push, after the agreement.
+    Returns the seconds each survivor took to raise, and what it raised."""
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zen
+
+    td = datetime.timedelta(seconds=timeout)
+    group_a, group_d = dist.new_group([0, 1], timeout=td), dist.new_group([0, 1], timeout=td)
+    group_b = dist.new_group([2, 3])  # torch's default timeout (30 min)
+    group_c, group_e = dist.new_group([2, 3], timeout=td), dist.new_group([2, 3], timeout=td)
+    out = {}
+    if rank in (0, 1):
+        zen.all_reduce(torch.ones(10), group=group_d)  # zen's private group for D exists before the fault
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(5000, 8), nn.Flatten(), nn.Linear(8 * 4, 2))
+        ddp = DDP(model, process_group=group_a)
+        ddp.register_comm_hook(zen.ZenState(process_group=group_a), zen.zen_hook)
+        for step in range(3):
+            tokens = torch.randint(0, 5000, (16, 4), generator=torch.Generator().manual_seed(rank * 10 + step))
+            loss = ddp(tokens).pow(2).mean()
+            if rank == 1 and step == 1:
+                model[2].weight.register_hook(lambda grad: os._exit(3))  # dies part-way through backward
+            start = time.monotonic()
+            try:
+                loss.backward()
+            except Exception as error:  # noqa: BLE001
+                out["ddp"] = (type(error).__name__, str(error)[:300], time.monotonic() - start, step)
+                break
+        start = time.monotonic()
+        out["dead_before"] = outcome(lambda: zen.all_reduce(torch.ones(100), group=group_d)) + (time.monotonic() - start,)
+        start = time.monotonic()
+        out["after_broken"] = outcome(lambda: zen.all_reduce(torch.ones(100), group=group_d)) + (time.monotonic() - start,)
+        return out
+    zen.all_reduce(torch.ones(10), group=group_b, timeout=timeout)
+    zen.all_reduce(torch.ones(10), group=group_c)
+    zen.all_reduce(torch.ones(10), group=group_e)
+    begin = time.monotonic()
+    if rank == 3:
+        time.sleep(2 * timeout + 3)  # stalled: rank 2's calls on B and C must time out, not wait for it
+        dist.all_to_all_single = lambda *args, **kwargs: os._exit(3)
+        zen.all_reduce(tensor_for(rank, 1000), group=group_e)
+        return {"unexpected": "survived"}
+    works = [zen.all_reduce(tensor_for(rank, 1000, seed=i), group=group_b, async_op=True) for i in range(3)]
+    out["wait_timeout"] = outcome(lambda: works[0].wait(timeout=1.0)) + (time.monotonic() - begin,)
+    out["stalled_b"] = [outcome(work.wait) + (time.monotonic() - begin,) for work in works]
+    start = time.monotonic()
+    out["stalled_c"] = outcome(lambda: zen.all_reduce(tensor_for(rank, 1000), group=group_c)) + (time.monotonic() - start,)
+    start = time.monotonic()
+    out["dies_during"] = outcome(lambda: zen.all_reduce(tensor_for(rank, 1000), group=group_e)) + (time.monotonic() - start,)
+    out["dies_during_waited_for_peer"] = begin + 2 * timeout + 3 - start
+    return out
+
+
+@pytest.fixture(scope="module")
+def faults():
+    return run_ranks(4, _faults, PG_TIMEOUT, timeout=300, pg_timeout=PG_TIMEOUT, expect_dead=(1, 3))
+
+
+def test_dead_peer_during_ddp_backward_raises_through_the_hook(faults):
+    kind, message, seconds, step = faults[0]["ddp"]
+    assert step == 1 and seconds < PG_TIMEOUT + MARGIN, faults[0]["ddp"]
+
+
+def test_peer_dead_before_the_call_raises_then_group_is_broken(faults):
+    kind, message, seconds = faults[0]["dead_before"]
+    assert kind in ("RuntimeError", "DistBackendError") and seconds < PG_TIMEOUT + MARGIN, faults[0]["dead_before"]
+    kind, message, seconds = faults[0]["after_broken"]
+    assert kind == "BrokenGroupError" and "unusable" in message and seconds < 1.0, faults[0]["after_broken"]
+
+
+def test_stalled_peer_times_out_at_zens_timeout_and_queued_calls_fail_fast(faults):
+    (k1, m1, t1), (k2, m2, t2), (k3, m3, t3) = faults[2]["stalled_b"]
+    assert k1 in ("RuntimeError", "DistBackendError") and "Timed out" in m1, faults[2]["stalled_b"]
+    assert PG_TIMEOUT - 1 <= t1 < PG_TIMEOUT + MARGIN, faults[2]["stalled_b"]
+    assert k2 == k3 == "BrokenGroupError" and t3 - t1 < 1.0, faults[2]["stalled_b"]
+
+
+def test_work_wait_with_a_timeout_returns_early(faults):
+    kind, message, seconds = faults[2]["wait_timeout"]
+    assert kind == "TimeoutError" and seconds < 1.0 + MARGIN, faults[2]["wait_timeout"]
+
+
+def test_stalled_peer_times_out_at_the_groups_own_timeout(faults):
+    kind, message, seconds = faults[2]["stalled_c"]
+    assert kind in ("RuntimeError", "DistBackendError") and "Timed out" in message, faults[2]["stalled_c"]
+    assert PG_TIMEOUT - 1 <= seconds < PG_TIMEOUT + MARGIN, faults[2]["stalled_c"]
+
+
+def test_peer_dying_part_way_raises_within_the_timeout(faults):
+    kind, message, seconds = faults[2]["dies_during"]
+    waited = max(0.0, faults[2]["dies_during_waited_for_peer"])  # rank 3 was still asleep at first
+    assert kind in ("RuntimeError", "DistBackendError"), faults[2]["dies_during"]
+    assert seconds - waited < PG_TIMEOUT + MARGIN, (seconds, waited)

@@ -1,0 +1,260 @@
+"""Every scheme against torch.distributed.all_reduce, at world sizes 1-5, on random, skewed and adversarial
+data; zen.predict's measurements against the truth; scheme="auto" picks the smallest prediction.
+
+Each world size is one spawn (a spawn costs seconds); every case runs inside it. Integer-valued floats
+(and integer dtypes) are summed exactly by every order of summation, so they are compared with
+torch.equal; random floats with allclose at a tight tolerance. Every rank must also get the bit-identical
+result, whatever the data: checked by hashing each rank's output.
+"""
+import hashlib
+
+import pytest
+import torch
+
+from cases import KINDS, make
+from distributed import run_ranks
+
+FIXED = ("dense", "zen", "agsparse", "sparcml", "omnireduce")
+SCHEMES = FIXED + ("auto",)
+PROFILE = dict(bandwidth=125e6, latency=50e-6)  # 1 Gbit/s, 50 us
+
+# (kind, numel, density) of tests/cases.py, plus "rows": a Zipf-skewed embedding gradient (whole rows).
+CASES = ([(kind, 1000, 0.05) for kind in KINDS]
+         + [("uniform", 30011, 0.6), ("skewed", 30011, 0.01), ("uniform", 7, 0.5), ("edges", 1, 1.0),
+            ("edges", 777, 0.0), ("rows", 4096, 0.0)])
+
+
+def make_case(kind, numel, density, rank, world, seed, dtype=torch.float32, exact=True):
+    """tests/cases.py's tensors, and "rows": 512 rows x 8 with Zipf(1.1) row ids, hot rows first."""
+    if kind != "rows":
+        return make(kind, numel, density, rank, world, seed, dtype, exact)
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    weights = 1.0 / torch.arange(1, numel // 8 + 1, dtype=torch.float64) ** 1.1
+    rows = torch.unique(torch.multinomial(weights, 60, replacement=True, generator=gen))
+    t = torch.zeros(numel, dtype=dtype)
+    values = torch.randint(1, 9, (rows.numel() * 8,), generator=gen) * (2 * torch.randint(0, 2, (rows.numel() * 8,),
+                                                                                        generator=gen) - 1)
+    t[(rows[:, None] * 8 + torch.arange(8)).view(-1)] = values.to(dtype)
+    return t
+
+
+def same(a, b):
+    """Bit-equal results, NaN where NaN."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(torch.nan_to_num(a, nan=12345.0),
+                                                                        torch.nan_to_num(b, nan=12345.0))
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha1(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _sparse_of(dense_rows: torch.Tensor) -> torch.Tensor:
+    """A [rows, cols] tensor as sparse COO over its non-zero rows (like nn.Embedding(sparse=True)'s grad)."""
+    rows = torch.nonzero(dense_rows.abs().sum(1)).view(-1)
+    return torch.sparse_coo_tensor(rows[None], dense_rows[rows], dense_rows.shape, check_invariants=True)
+
+
+def _run_exactness(rank, world):
+    """Every scheme on every case; returns the failures and, per check, the digest of the output."""
+    import torch.distributed as dist
+
+    import zen
+    from zen.schemes.omnireduce import OmniReduce
+    from zen.schemes.sparcml import SparCML
+
+    failures, digests = [], []
+
+    def run(label, x, scheme, exact=True, group=None):
+        want = x.clone() if x.layout == torch.strided else x.to_dense()
+        dist.all_reduce(want, group=group)
+        zen.all_reduce(x, scheme=scheme, group=group)
+        got = x if x.layout == torch.strided else x.to_dense()
+        ok = same(got, want) if exact else torch.allclose(got, want, rtol=1e-6, atol=1e-5)
+        if not ok:
+            failures.append(f"{label}: max error {(got.double() - want.double()).abs().max().item()}")
+        if group is None:
+            digests.append((label, _digest(got)))
+
+    zen.set_profile(**PROFILE)
+    for seed, (kind, numel, density) in enumerate(CASES):
+        for scheme in SCHEMES:
+            run(f"{scheme}/{kind}/{numel}/{density}", make_case(kind, numel, density, rank, world, seed), scheme)
+    for scheme in SCHEMES:
+        run(f"{scheme}/random floats", make("uniform", 3000, 0.1, rank, world, 99, exact=False), scheme, exact=False)
+        if world in (2, 3):  # dtypes and strides do not depend on the world size
+            for dtype in (torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64):
+                run(f"{scheme}/rows/{dtype}", make_case("rows", 4096, 0, rank, world, 5, dtype), scheme)
+            x = make("skewed", 1000, 0.1, rank, world, 7).view(40, 25).t()  # non-contiguous: written back
+            run(f"{scheme}/transposed", x, scheme)
+        for kind in ("rows", "some_empty", "all_empty", "same"):  # sparse COO: each scheme's reduce_coo
+            dense = make_case(kind, 4096, 0.05, rank, world, 11).view(512, 8)
+            run(f"{scheme}/sparse/{kind}", _sparse_of(dense), scheme)
+
+    # settings the registry's defaults do not reach: odd block sizes, a low SparCML switch.
+    variants = [OmniReduce(block_size=7), OmniReduce(block_size=1), OmniReduce(block_size=5000),
+                SparCML(dense_threshold=0.01)]
+    for scheme in variants:
+        for seed, (kind, numel, density) in enumerate([("uniform", 1000, 0.05), ("edges", 777, 0), ("rows", 4096, 0),
+                                                       ("skewed", 30011, 0.01)]):
+            run(f"{scheme.name}{vars(scheme)}/{kind}", make_case(kind, numel, density, rank, world, seed), scheme)
+
+    if world == 4:  # subgroups: point-to-point peers are group ranks, mapped to global ranks
+        evens, odds = dist.new_group([0, 2]), dist.new_group([1, 3])
+        mine = evens if rank % 2 == 0 else odds
+        for scheme in SCHEMES:
+            run(f"{scheme}/subgroup", make("skewed", 5000, 0.05, rank, world, 13), scheme, group=mine)
+    return failures, digests
+
+
+def _run_predict_and_auto(rank, world):
+    """zen.predict's measured inputs against the truth; auto's choice against the predictions."""
+    import torch.distributed as dist
+
+    import zen
+    from zen import cost
+    from zen.comm import get_comm
+    from zen.planner import workload_from_indices
+    from zen.schemes.auto import Auto
+
+    out = []
+    comm = get_comm()
+    profile = zen.set_profile(**PROFILE)
+    for seed, (kind, numel, density) in enumerate([("rows", 4096, 0), ("uniform", 1000, 0.05), ("uniform", 30011, 0.6),
+                                                   ("skewed", 30011, 0.01), ("some_empty", 1000, 0.05),
+                                                   ("all_empty", 1000, 0.05)]):
+        name = f"{kind}/{numel}/{density}"
+        t = make_case(kind, numel, density, rank, world, seed)
+        w = zen.measure(t)
+        # the truth: every rank's non-zeros, gathered, and the workload computed in one process
+        masks = [torch.zeros(numel, dtype=torch.bool) for _ in range(world)]
+        dist.all_gather(masks, t != 0)
+        truth = workload_from_indices([torch.nonzero(m).view(-1) for m in masks], numel, seed=comm.seed)
+        assert w == truth, (name, w, truth)
+        assert w.union == int(torch.stack(masks).any(0).sum()), name
+        if kind == "rows":  # the same non-zeros (whole rows) as a sparse COO tensor: the same workload
+            coo = zen.measure(_sparse_of(t.view(-1, 8)))
+            assert not coo.dense_input and vars(coo) == dict(vars(w), dense_input=False), name
+
+        times = zen.predict(t)
+        expected = cost.predict_times(w, profile)
+        assert all(abs(times[k] - expected[k]) <= 1e-9 * expected[k] for k in expected), (name, times, expected)
+        assert set(times) == set(zen.SCHEMES), name
+        assert times["auto"] == min(v for k, v in times.items() if k != "auto")
+        memory = zen.predict_memory(t)
+        assert set(memory) == set(FIXED) and all(v >= 0 for v in memory.values()), name
+
+        stats = {}
+        zen.all_reduce(t, scheme=Auto(), stats=stats)  # a fresh history: this call measures
+        assert stats["auto"]["measured"], name
+        choice = stats["auto"]["choice"]
+        assert choice == cost.choose(stats["auto"]["predicted"]) == cost.choose(times), (name, choice, times)
+        out.append((name, choice))
+
+    # a dense tensor goes dense; one non-zero in a large tensor does not (the shared "auto" decides each
+    # tensor size on its first call).
+    dense = torch.ones(20000)
+    stats = {}
+    zen.all_reduce(dense, scheme="auto", stats=stats)
+    assert stats["auto"]["choice"] == "dense", stats
+    assert torch.equal(dense, torch.full((20000,), float(world)))
+    single = torch.zeros(20001)
+    single[rank] = 1.0
+    zen.all_reduce(single, scheme="auto", stats=stats)
+    assert stats["auto"]["choice"] != "dense", stats
+
+    # re-check: a tensor size that turns dense after 2 calls is re-decided at call 3 (recheck=3).
+    from zen.collective import reduce_now
+
+    auto = Auto(recheck=3)
+    picks = []
+    for call in range(6):
+        t = torch.zeros(30000)
+        if call < 3:
+            t[rank] = 1.0
+        else:
+            t += 1.0
+        stats = {}
+        comm.submit(lambda: reduce_now(comm, t, auto, "auto", stats)).wait()
+        assert torch.equal(t, torch.full_like(t, float(world)) if call >= 3 else _one_hot_sum(world, 30000))
+        picks.append((stats["auto"]["choice"], stats["auto"]["measured"]))
+    assert [m for _, m in picks] == [True, False, False, True, False, False], picks
+    assert picks[3][0] == "dense" and picks[0][0] != "dense", picks
+    out.append(("recheck", picks))
+
+    # ZenState(scheme="auto") in DDP: the same gradients as DDP's own allreduce.
+    with_zen, plain = _ddp_grads(rank, world, "auto"), _ddp_grads(rank, world, None)
+    out.append(("ddp", all(torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(with_zen, plain))))
+
+    # ranks that disagree on the tensor raise alike, even though their auto histories differ.
+    size = 5000 if rank == 0 else 5001
+    try:
+        zen.all_reduce(torch.zeros(size), scheme="auto")
+        out.append(("mismatch", "no error"))
+    except zen.MismatchError as error:
+        out.append(("mismatch", "numel" in str(error)))
+    return out
+
+
+def _one_hot_sum(world, numel):
+    t = torch.zeros(numel)
+    t[:world] = 1.0
+    return t
+
+
+def _ddp_grads(rank, world, scheme):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import zen
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(300, 8), torch.nn.Flatten(), torch.nn.Linear(32, 1))
+    ddp = DistributedDataParallel(model)
+    if scheme is not None:
+        ddp.register_comm_hook(zen.ZenState(scheme=scheme), zen.zen_hook)
+    tokens = torch.randint(0, 300, (5, 4), generator=torch.Generator().manual_seed(rank))
+    ddp(tokens).pow(2).sum().backward()
+    dist.barrier()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _run_world(rank, world, with_predict):
+    exactness = _run_exactness(rank, world)
+    if world == 1:  # one rank: nothing moves, nothing is predicted to
+        import zen
+
+        zen.set_profile(**PROFILE)
+        times = zen.predict(make_case("rows", 4096, 0, 0, 1, 0))
+        assert set(times) == set(zen.SCHEMES) and set(times.values()) == {0.0}, times
+    if not with_predict:
+        return exactness, None, None
+    import zen
+    from zen.prediction import clear_profile
+
+    clear_profile()  # measure this group rather than use the profile the exactness run set
+    probed = zen.probe_profile(message_bytes=1 << 16, repeats=2)
+    return exactness, _run_predict_and_auto(rank, world), probed
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_schemes(world):
+    """Exactness at every world size; zen.predict, the probe and auto at 3 and 5 (a fold, one or two steps)."""
+    with_predict = world in (3, 5)
+    results = run_ranks(world, _run_world, with_predict, timeout=500, pg_timeout=120)
+    failures = [f"rank {r}: {f}" for r, ((fails, _), _, _) in enumerate(results) for f in fails]
+    assert not failures, "\n".join(failures[:20])
+    by_rank = [dict(digests) for (_, digests), _, _ in results]
+    differing = [label for label in by_rank[0] if any(d[label] != by_rank[0][label] for d in by_rank[1:])]
+    assert not differing, f"ranks got different bits: {differing[:10]}"
+    if not with_predict:
+        return
+    outcomes = [outcome for _, outcome, _ in results]
+    assert all(o == outcomes[0] for o in outcomes), outcomes  # every rank picked the same
+    outcome = dict(outcomes[0])
+    assert outcome["ddp"] is True
+    assert outcome["mismatch"] is True
+    profiles = [profile for _, _, profile in results]
+    assert all(p == profiles[0] for p in profiles)
+    p = profiles[0]
+    assert p.bandwidth > 0 and p.latency > 0 and p.memory_bandwidth > 0 and p.element_time > 0
+    assert {k for k, _ in p.overheads} == {"allgather", "allreduce", "alltoall", "p2p"}

@@ -1,0 +1,346 @@
+"""``zen.predict``: the cost model applied to a tensor on a group.
+
+    times = zen.predict(grad)                    # {"dense": 0.0123, "zen": 0.0031, ..., "auto": 0.0031} seconds
+    memory = zen.predict_memory(grad)            # {"dense": 0, "zen": 1.2e6, ...} extra bytes per rank
+    zen.set_profile(bandwidth="1gbit", latency="50us")   # instead of the probe
+
+Both are collective (call them on every rank of the group, like ``zen.all_reduce``). They measure, with
+the agreement, floor(log2 n) exchanges of M/8-byte bitmaps (plus a fold for the ranks past the largest power
+of two) and one all-gather of counts:
+
+* nnz per rank, and per rank the non-zeros that zen's hash h0 sends to each partition and the non-zero
+  blocks in each OmniReduce owner's range (the push loads: hash vs contiguous imbalance);
+* the union U exactly, through recursive doubling of presence bitmaps (M/8 bytes per step, the schedule
+  SparCML uses, so the running union of every doubling step is measured too: gamma(2^s));
+* the union's split over the hash partitions and over the owners' block ranges (the pull loads);
+* bytes per index and per value from the dtypes;
+
+and combine them with the group's :class:`zen.cost.Profile`: set by :func:`set_profile`, or measured once
+per group by :func:`probe_profile` (a second or so: small collectives for the fixed costs, a 1 MiB pairwise
+exchange for the bandwidth, the non-zero scan for memory bandwidth, ``ops.aggregate`` of random indices for
+the time per element) and cached. All ranks use rank 0's profile, so they all compute the same predictions.
+:func:`measure` returns the measured :class:`zen.cost.Workload` itself, for offline use with
+:func:`zen.cost.predict_times` under other profiles.
+"""
+import re
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import cost, ops, wire
+from .comm import Comm, get_comm
+from .cost import Profile, Workload
+from .schemes.omnireduce import block_bounds
+from .schemes.sparcml import doubling_plan, exchange
+
+PRIMITIVES = ("allgather", "allreduce", "alltoall", "p2p")
+_PS = 1e12  # profile times travel as integer picoseconds
+_profiles = {}  # group (or WORLD) -> Profile
+
+
+# --------------------------------------------------------------------------------------------------------
+# units
+
+
+def parse_rate(text) -> float:
+    """A bandwidth in bytes/s: a number (bytes/s), '<x>[k|m|g|t]bit' (bits/s, decimal, as tc) or
+    '<x>[K|M|G|T]B/s' (bytes/s, decimal). '1gbit' -> 1.25e8."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(?:([kmgt]?)bit|([KMGT]?)B/s)?\s*", str(text))
+    if not m:
+        raise ValueError(f"bad bandwidth {text!r}: use e.g. 1gbit, 100mbit, 10GB/s or a number of bytes/s")
+    scale = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+    if m.group(2) is not None:
+        return float(m.group(1)) * scale[m.group(2)] / 8.0
+    return float(m.group(1)) * scale[(m.group(3) or "").lower()]
+
+
+def parse_time(text) -> float:
+    """A time in seconds: a number (s) or '<x>[s|ms|us|ns]'. '50us' -> 5e-05."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(s|ms|us|ns)?\s*", str(text))
+    if not m:
+        raise ValueError(f"bad time {text!r}: use e.g. 50us, 0.1ms, 2e-6")
+    return float(m.group(1)) * {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
+
+
+# --------------------------------------------------------------------------------------------------------
+# the group profile
+
+
+def _key(group):
+    return group if group is not None else dist.group.WORLD
+
+
+def set_profile(group=None, profile: Optional[Profile] = None, *, bandwidth=None, latency=None,
+                memory_bandwidth=None, element_time=None) -> Profile:
+    """Use ``profile`` (or one built from bandwidth, latency, ...) for ``group`` instead of the probe.
+    Local (no collective); rank 0's profile is the one every rank uses. Strings are parsed ('1gbit', '50us').
+    Returns the profile set."""
+    if profile is None:
+        if bandwidth is None or latency is None:
+            raise ValueError("set_profile: give a Profile, or at least bandwidth and latency")
+        fields = dict(bandwidth=parse_rate(bandwidth), latency=parse_time(latency))
+        if memory_bandwidth is not None:
+            fields["memory_bandwidth"] = parse_rate(memory_bandwidth)
+        if element_time is not None:
+            fields["element_time"] = parse_time(element_time)
+        profile = Profile(**fields)
+    _profiles[_key(group)] = profile
+    return profile
+
+
+def cached_profile(group=None) -> Optional[Profile]:
+    """The profile set or probed for ``group``, or None."""
+    return _profiles.get(_key(group))
+
+
+def clear_profile(group=None) -> None:
+    _profiles.pop(_key(group), None)
+
+
+def _encode(p: Optional[Profile]) -> list:
+    if p is None:
+        return [0] * (5 + len(PRIMITIVES))
+    measured = dict(p.overheads)
+    return ([int(p.bandwidth), round(p.latency * _PS), int(p.memory_bandwidth), round(p.element_time * _PS),
+             round(p.call_overhead * _PS)] + [round(measured[k] * _PS) if k in measured else -1 for k in PRIMITIVES])
+
+
+def _decode(row) -> Profile:
+    row = [int(x) for x in row]
+    return Profile(bandwidth=float(row[0]), latency=row[1] / _PS, memory_bandwidth=float(row[2]),
+                   element_time=row[3] / _PS, call_overhead=row[4] / _PS,
+                   overheads=tuple((k, v / _PS) for k, v in zip(PRIMITIVES, row[5:]) if v >= 0))
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
+    """Measure the group's profile (collective; on the calling thread, which must be the group's lane).
+    Every rank measures; the result is the per-field median over the ranks (the same on every rank)."""
+    n, me, device = comm.world, comm.rank, comm.device
+    mine = {}
+    if n > 1:
+        mine["allgather"] = _median_time(lambda: comm.all_gather_rows([0]), repeats)
+        one = torch.zeros(1, device=device)
+        mine["allreduce"] = _median_time(lambda: dist.all_reduce(one, group=comm.group), repeats)
+        a2a_in = torch.zeros(8 * n, dtype=torch.uint8, device=device)
+        a2a_out = torch.empty_like(a2a_in)
+        mine["alltoall"] = _median_time(lambda: dist.all_to_all_single(a2a_out, a2a_in, group=comm.group), repeats)
+        peer = me ^ 1 if (me ^ 1) < n else None
+        small, small_in = torch.zeros(8, dtype=torch.uint8, device=device), torch.empty(8, dtype=torch.uint8,
+                                                                                         device=device)
+        big = torch.zeros(message_bytes, dtype=torch.uint8, device=device)
+        big_in = torch.empty_like(big)
+        if peer is not None:
+            mine["p2p"] = _median_time(lambda: exchange(comm, [(peer, small)], [(peer, small_in)]), repeats)
+            t_big = _median_time(lambda: exchange(comm, [(peer, big)], [(peer, big_in)]), repeats)
+            mine["bandwidth"] = message_bytes / max(t_big - mine["p2p"], 1e-9)
+    zeros = torch.zeros(1 << 22, device=device)
+    scan = _median_time(lambda: ops.nonzero(zeros), repeats)
+    count = 1 << 18
+    idx = torch.randperm(count * 8, device=device)[:count].to(torch.int32)
+    val = torch.ones(count, device=device)
+    per_element = _median_time(lambda: ops.aggregate(idx, val, count * 8), repeats) / count
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hop = _median_time(lambda: pool.submit(lambda: None).result(), repeats)
+    memory_bandwidth = zeros.numel() * zeros.element_size() / scan
+    local = Profile(bandwidth=mine.get("bandwidth", memory_bandwidth), latency=mine.get("p2p", 0.0),
+                    memory_bandwidth=memory_bandwidth, element_time=per_element, call_overhead=hop,
+                    overheads=tuple((k, mine[k]) for k in PRIMITIVES if k in mine))
+    row = _encode(local)
+    if n > 1 and "p2p" not in mine:
+        row[0], row[1], row[-1] = -1, -1, -1  # measured nothing point-to-point
+    rows = comm.all_gather_rows(row).tolist()
+    agreed = []
+    for column in zip(*rows):
+        valid = [x for x in column if x >= 0]
+        agreed.append(int(statistics.median_low(valid)) if valid else -1)
+    return _decode(agreed)
+
+
+def probe_profile(group=None, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
+    """Measure ``group``'s profile now (collective), cache it and return it."""
+    comm = get_comm(group)
+    if comm is None:
+        return None
+    profile = comm.submit(lambda: probe_now(comm, message_bytes, repeats)).wait()
+    _profiles[_key(group)] = profile
+    return profile
+
+
+# --------------------------------------------------------------------------------------------------------
+# measuring a workload
+
+_POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
+_CHUNK = 1 << 20  # bytes of a bitmap handled at once (bounds the temporaries)
+
+
+def _popcount(bitmap: torch.Tensor) -> int:
+    table = _POPCOUNT.to(bitmap.device)
+    return sum(int(table[bitmap[s:s + _CHUNK].long()].sum()) for s in range(0, bitmap.numel(), _CHUNK))
+
+
+def _bitmap_of(indices: torch.Tensor, numel: int) -> torch.Tensor:
+    """Presence bitmap over [0, numel) of unique int64 ``indices`` (bit i % 8 of byte i // 8)."""
+    bitmap = torch.zeros((numel + 7) // 8, dtype=torch.uint8, device=indices.device)
+    bits = torch.bitwise_left_shift(torch.ones_like(indices), indices % 8).to(torch.uint8)
+    bitmap.index_put_((indices // 8,), bits, accumulate=True)  # distinct bits: the sum is the OR
+    return bitmap
+
+
+def _indices_of(bitmap: torch.Tensor, first_byte: int):
+    """The set bits of ``bitmap`` (whose byte 0 is byte ``first_byte`` of the whole), ascending, chunk by chunk."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=bitmap.device)
+    for s in range(0, bitmap.numel(), _CHUNK):
+        bits = (bitmap[s:s + _CHUNK, None] >> shifts) & 1
+        yield torch.nonzero(bits.reshape(-1)).reshape(-1) + 8 * (first_byte + s)
+
+
+def flat_coo(tensor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+    """(indices, values, dense_input) of a strided or sparse COO tensor over its flat index space."""
+    if tensor.layout == torch.sparse_coo:
+        t = tensor.coalesce()
+        row_numel = 1
+        for size in t.shape[t.sparse_dim():]:
+            row_numel *= size
+        rows = torch.zeros(t.indices().shape[1], dtype=torch.int64, device=t.device)
+        for dim, size in enumerate(t.shape[:t.sparse_dim()]):
+            rows = rows * size + t.indices()[dim]
+        idx = (rows[:, None] * row_numel + torch.arange(row_numel, device=t.device)).reshape(-1)
+        return idx, t.values().reshape(-1), False
+    indices, values = ops.nonzero(tensor.contiguous().view(-1))
+    return indices, values, True
+
+
+def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: bool, block_size: int = 256,
+                profile: Optional[Profile] = None, want_profile: bool = True) -> Tuple[Workload, Optional[Profile]]:
+    """Measure the workload of all-reducing (indices, values) over [0, numel) (collective, on the lane).
+
+    ``agree(row)`` is the first collective (the call's agreement), of [has a profile, nnz]. With
+    ``want_profile``, ranks without a profile run the probe (all ranks take part when one lacks it) and rank
+    0's profile is returned. The last exchange, an all-gather, carries the union counts per doubling level,
+    the union's split over hash partitions and owners, the push loads and the profile."""
+    n, me = comm.world, comm.rank
+    idx_dtype = wire.index_dtype(numel)
+    si = torch.empty(0, dtype=idx_dtype).element_size()
+    idx = indices.to(torch.int64)
+    if idx.numel() and not bool((idx[1:] > idx[:-1]).all()):
+        idx = torch.sort(idx).values
+    device = idx.device
+    hash_counts = torch.bincount(ops.hash_partition(idx.to(idx_dtype), n, comm.seed).long(), minlength=n)
+    bounds = block_bounds(numel, block_size, n)
+    bound_tensor = torch.tensor(bounds, dtype=torch.int64, device=device)
+    block_cuts = torch.searchsorted(torch.unique_consecutive(idx // block_size), bound_tensor).tolist()
+    rows = agree([1 if profile is not None else 0, idx.numel()]).tolist()
+    if want_profile and any(r[0] == 0 for r in rows):
+        probed = probe_now(comm)
+        profile = profile or probed
+
+    # Union bitmaps by recursive doubling (SparCML's schedule): levels[s] = |my core group's union| after s steps.
+    bitmap = _bitmap_of(idx, numel)
+    p, steps = doubling_plan(n)
+    levels = [0] * (steps + 1)
+    if me >= p:
+        exchange(comm, [(me - p, bitmap)], [])
+    else:
+        if me + p < n:
+            other = torch.empty_like(bitmap)
+            exchange(comm, [], [(me + p, other)])
+            bitmap = bitmap | other
+        levels[0] = _popcount(bitmap)
+        for s in range(steps):
+            peer, other = me ^ (1 << s), torch.empty_like(bitmap)
+            exchange(comm, [(peer, bitmap)], [(peer, other)])
+            bitmap = bitmap | other
+            levels[s + 1] = _popcount(bitmap)
+
+    # The union's split over hash partitions and owners: core rank c reads its slice of whole 8-block units.
+    hash_union = torch.zeros(n, dtype=torch.int64, device=device)
+    block_union = torch.zeros(n, dtype=torch.int64, device=device)
+    if me < p:
+        units = -(-bitmap.numel() // block_size)
+        lo, hi = me * units // p * block_size, (me + 1) * units // p * block_size
+        for union_idx in _indices_of(bitmap[lo:hi], lo):
+            hash_union += torch.bincount(ops.hash_partition(union_idx.to(idx_dtype), n, comm.seed).long(),
+                                         minlength=n)
+            ids = torch.unique_consecutive(union_idx // block_size)
+            block_union += torch.diff(torch.searchsorted(ids, bound_tensor))
+    block_counts = [block_cuts[w + 1] - block_cuts[w] for w in range(n)]
+    row = (levels + hash_union.tolist() + block_union.tolist() + hash_counts.tolist() + block_counts
+           + _encode(profile if want_profile else None))
+    gathered = comm.all_gather_rows(row).tolist()
+    columns = [steps + 1 + i * n for i in range(5)]  # where each group of n columns starts
+    hash_total, block_total = ([sum(r[c + j] for r in gathered) for j in range(n)] for c in columns[:2])
+    doubling = [[gathered[g << s][s] for g in range(p >> s)] for s in range(steps + 1)]
+    workload = Workload(numel=numel, n=n, nnz=[r[1] for r in rows], union=doubling[-1][0],
+                        hash_counts=[r[columns[2]:columns[3]] for r in gathered], hash_union=hash_total,
+                        doubling_unions=doubling, block_counts=[r[columns[3]:columns[4]] for r in gathered],
+                        block_union=block_total, index_size=si, value_size=values.element_size(),
+                        block_size=block_size, dense_input=dense_input)
+    return workload, (_decode(gathered[0][-(5 + len(PRIMITIVES)):]) if want_profile else None)
+
+
+def _measure(tensor, group, block_size, want_profile, profile=None):
+    from .collective import header_for
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"zen.predict expects a torch.Tensor, got {type(tensor).__name__}")
+    comm = get_comm(group)
+    if comm is None:
+        return None, None
+    header = header_for(tensor, "zen", comm)
+    mine = profile or cached_profile(group)
+
+    def job():
+        indices, values, dense_input = flat_coo(tensor)
+        result = measure_now(comm, lambda row: comm.agree(header, row), indices, values, tensor.numel(),
+                             dense_input, block_size, mine, want_profile)
+        if want_profile and mine is None:
+            _profiles[_key(group)] = result[1]
+        return result
+
+    return comm.submit(job).wait()
+
+
+def measure(tensor: torch.Tensor, group=None, block_size: int = 256) -> Workload:
+    """The measured :class:`zen.cost.Workload` of all-reducing ``tensor`` over ``group`` (collective)."""
+    return _measure(tensor, group, block_size, want_profile=False)[0]
+
+
+def predict(tensor: torch.Tensor, group=None, profile: Optional[Profile] = None,
+            block_size: int = 256) -> Dict[str, float]:
+    """Predicted seconds of ``zen.all_reduce(tensor, scheme=s, group=group)`` for every scheme s of
+    ``zen.SCHEMES`` ("auto": the smallest). Collective. ``profile``: use it instead of the cached or probed one
+    (rank 0's counts). None on a rank outside the group.
+
+    Example::
+
+        zen.set_profile(bandwidth="10gbit", latency="20us")
+        times = zen.predict(embedding.weight.grad)
+        best = min(times, key=times.get)
+    """
+    workload, agreed = _measure(tensor, group, block_size, want_profile=True, profile=profile)
+    return None if workload is None else cost.predict_times(workload, agreed)
+
+
+def predict_memory(tensor: torch.Tensor, group=None, block_size: int = 256) -> Dict[str, float]:
+    """Predicted extra memory (bytes per rank, the peak of the scheme's buffers and caches, e.g. zen's hash
+    tables and cached index sets, the all-gather's n pieces) for every scheme. Collective."""
+    workload = measure(tensor, group, block_size)
+    return None if workload is None else cost.predict_memory(workload)

@@ -1,0 +1,188 @@
+"""``scheme="sparcml"``: SparCML's recursive doubling with incremental merging (Renggli et al., SC 2019).
+
+Any world size n: with p the largest power of two <= n,
+
+1. agree: all ranks exchange their non-zero counts (so the first messages need no size header);
+2. fold: rank p + i (i < n - p) sends its data to rank i, which merges it;
+3. recursive doubling over the p core ranks: at step s rank r exchanges its running sum with rank
+   r XOR 2^s and both merge (lower group's data first, so both compute bit-identical sums);
+4. unfold: rank i sends the result to rank p + i.
+
+The running sum is kept sparse (COO) while its COO piece is smaller than the dense tensor, i.e. while
+|union| <= M s_v / (s_i + s_v) (half of M for fp32 values with int32 indices), and switches to DENSE past
+that break-even density; once dense it stays dense (the union only grows). Messages whose size the
+receiver cannot know carry a step header [count, format] first (``wire.step_header``).
+
+Cost (ZEN Eq. 2, power-of-two n): T = sum_{i=1..log2 n} min(gamma(2^(i-1)) M d (s_i + s_v), M s_v) / b plus
+2 log2 n latencies; the messages grow with the union, so densification hurts every step.
+"""
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .. import ops, wire
+from .base import Call, Scheme
+
+
+def doubling_plan(n: int) -> Tuple[int, int]:
+    """(p, steps): the largest power of two p <= n and log2 p. Ranks p..n-1 fold into ranks 0..n-p-1."""
+    p = 1
+    while 2 * p <= n:
+        p *= 2
+    return p, p.bit_length() - 1
+
+
+def exchange(comm, sends: List[Tuple[int, torch.Tensor]], recvs: List[Tuple[int, torch.Tensor]]) -> None:
+    """Point-to-point: send each (group rank, tensor) of ``sends`` and fill each of ``recvs``, all posted at
+    once (``batch_isend_irecv``, so NCCL can pair them); empty tensors are not sent (both sides know)."""
+    group = comm.group
+    p2p = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, peer), group) for peer, t in sends if t.numel()]
+    p2p += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, peer), group) for peer, t in recvs if t.numel()]
+    if p2p:
+        for work in dist.batch_isend_irecv(p2p):
+            work.wait()
+
+
+class _Sum:
+    """A running sum: COO (indices ascending, unique) or DENSE (``dense`` set)."""
+
+    __slots__ = ("indices", "values", "dense")
+
+    def __init__(self, indices=None, values=None, dense=None):
+        self.indices, self.values, self.dense = indices, values, dense
+
+    @property
+    def fmt(self) -> int:
+        return wire.DENSE if self.dense is not None else wire.COO
+
+    @property
+    def count(self) -> int:
+        return -1 if self.dense is not None else self.indices.numel()
+
+    def pack(self) -> torch.Tensor:
+        return wire.pack_dense(self.dense) if self.dense is not None else wire.pack_coo(self.indices, self.values)
+
+
+class SparCML(Scheme):
+    name = "sparcml"
+
+    def __init__(self, dense_threshold: Optional[float] = None):
+        """``dense_threshold``: union density (|union| / M) past which the running sum goes dense;
+        None (default) is the break-even density s_v / (s_i + s_v)."""
+        if dense_threshold is not None and not 0.0 <= dense_threshold <= 1.0:
+            raise ValueError(f"SparCML: dense_threshold must be None or in [0, 1]; got {dense_threshold!r}")
+        self.dense_threshold = dense_threshold
+
+    def agreement_settings(self):
+        """The settings every rank must share (receivers infer formats from them); checked in the agreement."""
+        return (self.dense_threshold,)
+
+    def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
+        indices, values = ops.nonzero(flat)
+        result = self._sync(call, indices, values, flat.numel())
+        if result.dense is not None:
+            flat.copy_(result.dense)
+        else:
+            ops.scatter_(flat, result.indices, result.values)
+
+    def reduce_coo(self, call, indices, values, numel):
+        result = self._sync(call, indices, values, numel)
+        if result.dense is not None:
+            return [ops.nonzero(result.dense)]
+        return [(result.indices, result.values)]
+
+    # ------------------------------------------------------------------------------------------------
+    def _is_dense(self, count: int, numel: int, si: int, sv: int) -> bool:
+        if self.dense_threshold is not None:
+            return count > self.dense_threshold * numel
+        return wire.coo_bytes(count, si, sv) > wire.dense_piece_bytes(numel, sv)
+
+    def _sync(self, call: Call, indices, values, numel) -> _Sum:
+        comm = call.comm
+        n, me = comm.world, comm.rank
+        idx_dtype, val_dtype = wire.index_dtype(numel), values.dtype
+        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), values.element_size()
+        device = values.device
+        indices = indices.to(idx_dtype)
+        if indices.numel() and not bool((indices[1:] > indices[:-1]).all()):
+            indices, values = ops.aggregate(indices, values, numel)  # ascending, as the merges keep it
+        nnz = call.agree([indices.numel()])[:, 0].tolist()
+        call.stats.update(nnz=nnz)
+
+        def as_sum(idx, val):
+            if self._is_dense(idx.numel(), numel, si, sv):
+                dense = torch.zeros(numel, dtype=val_dtype, device=device)
+                ops.scatter_(dense, idx, val)
+                return _Sum(dense=dense)
+            return _Sum(idx, val)
+
+        def merge(lower: _Sum, higher: _Sum) -> _Sum:
+            """The sum of two running sums; a pure function of (lower, higher), so partners agree bit for bit."""
+            if lower.dense is None and higher.dense is None:
+                return as_sum(*ops.aggregate(torch.cat([lower.indices, higher.indices]),
+                                             torch.cat([lower.values, higher.values]), numel))
+            if lower.dense is not None and higher.dense is not None:
+                return _Sum(dense=lower.dense + higher.dense)
+            dense, sparse = (lower, higher) if lower.dense is not None else (higher, lower)
+            out = dense.dense.clone()
+            out.index_put_((sparse.indices.long(),), sparse.values, accumulate=True)
+            return _Sum(dense=out)
+
+        def recv_buffer(count, fmt):
+            size = wire.piece_bytes(fmt, count, numel, si, sv)
+            return torch.empty(size, dtype=torch.uint8, device=device)
+
+        def unpack(buf, count, fmt) -> _Sum:
+            if fmt == wire.DENSE:
+                return _Sum(dense=wire.unpack_dense(buf, numel, val_dtype))
+            return _Sum(*wire.unpack_coo(buf, count, idx_dtype, val_dtype))
+
+        def initial_format(rank):
+            return wire.DENSE if self._is_dense(nnz[rank], numel, si, sv) else wire.COO
+
+        sent = [0]
+
+        def step(peer, mine: Optional[_Sum], send_header: bool, known: Optional[Tuple[int, int]]) -> Optional[_Sum]:
+            """Send ``mine`` to ``peer`` (if given) and receive the peer's sum (unless ``known`` is False);
+            ``known`` = (count, format) of the peer's message when this rank knows it, None when a header
+            comes first."""
+            receive = known is not False
+            if send_header or (receive and known is None):
+                header_in = torch.empty(2, dtype=torch.int64, device=device)
+                exchange(comm, [(peer, wire.step_header(mine.count, mine.fmt, device))] if send_header else [],
+                         [(peer, header_in)] if receive and known is None else [])
+                if receive and known is None:
+                    known = tuple(header_in.tolist())
+                sent[0] += 16 if send_header else 0
+            payload = mine.pack() if mine is not None else None
+            buf = recv_buffer(*known) if receive else None
+            exchange(comm, [(peer, payload)] if payload is not None else [], [(peer, buf)] if receive else [])
+            if payload is not None:
+                sent[0] += payload.numel()
+            return unpack(buf, *known) if receive else None
+
+        running = as_sum(indices, values)
+        p, steps = doubling_plan(n)
+        if me >= p:  # fold into me - p, wait for the result
+            step(me - p, running, send_header=False, known=False)
+            running = step(me - p, None, send_header=False, known=None)
+        else:
+            folded = me + p < n
+            if folded:
+                extra = step(me + p, None, send_header=False, known=(nnz[me + p], initial_format(me + p)))
+                running = merge(running, extra)
+            for s in range(steps):
+                peer = me ^ (1 << s)
+                peer_known = None
+                if s == 0 and peer + p >= n:  # the peer holds its own data only: size agreed already
+                    peer_known = (nnz[peer], initial_format(peer))
+                theirs = step(peer, running, send_header=(s > 0 or folded), known=peer_known)
+                running = merge(running, theirs) if me < peer else merge(theirs, running)
+            if folded:
+                step(me + p, running, send_header=True, known=False)
+        call.stats.update(dense=running.dense is not None, bytes_sent=sent[0])
+        if running.dense is None:  # a dense sum has lost the union's size
+            mean_nnz = sum(nnz) / n
+            call.stats.update(union=running.count, gamma=running.count / mean_nnz if mean_nnz else 0.0)
+        return running
