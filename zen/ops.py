@@ -12,6 +12,20 @@ from . import _C  # noqa: F401  (loads the library that registers torch.ops.zen)
 Tensor = torch.Tensor
 
 
+def _check_cuda_build() -> None:
+    """The CUDA kernels must match the CUDA of the torch they run with (same major version)."""
+    built = _C.cuda_version
+    if built is None:
+        return
+    running = torch.version.cuda
+    if running is None or built.split(".")[0] != running.split(".")[0]:
+        raise ImportError(f"zen's CUDA kernels were built for CUDA {built}, but this torch has CUDA {running}: "
+                          "rebuild zen (pip install --no-build-isolation .) against this torch")
+
+
+_check_cuda_build()
+
+
 def nonzero(dense: Tensor) -> Tuple[Tensor, Tensor]:
     """(indices, values) of the non-zeros of a contiguous 1-D tensor, indices ascending.
 
