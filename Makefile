@@ -24,8 +24,8 @@ bench: $(VENV)/.built
 test: $(VENV)/.built
 	$(PY) -m pytest -q tests $(ARGS)
 
-cuda-check:
-	bash benchmarks/compile_cuda.sh
+cuda-check: $(VENV)/.built
+	PYTHON=$(PY) bash benchmarks/compile_cuda.sh
 
 info: $(VENV)/.built
 	$(PY) -m zen.info
