@@ -28,6 +28,9 @@ echo "building the sanitized extension in $work"
 (cd "$work" && ZEN_SANITIZE=1 FORCE_ONLY_CPU=1 "$PYTHON" setup.py -q build_ext --inplace >/dev/null)
 
 libasan="$(gcc -print-file-name=libasan.so)"
+# libstdc++ too: python itself does not link it, and ASan must find the real __cxa_throw when it starts,
+# or the first C++ exception (every TORCH_CHECK) aborts with "real___cxa_throw != 0".
+libstdcxx="$(gcc -print-file-name=libstdc++.so)"
 cd "$work"
 # PYTHONPATH puts the copy's zen ahead of an editable install of the real one; check that it did.
 export PYTHONPATH="$work${PYTHONPATH:+:$PYTHONPATH}"
@@ -37,7 +40,7 @@ origin = importlib.util.find_spec("zen").origin
 assert origin.startswith(os.environ["PYTHONPATH"].split(":")[0]), origin
 EOF
 echo "running under $libasan"
-LD_PRELOAD="$libasan" \
+LD_PRELOAD="$libasan $libstdcxx" \
 ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:allocator_may_return_null=1" \
 UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
   "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_fuzz.py "$@"

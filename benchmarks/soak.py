@@ -18,6 +18,7 @@ is the expectation.
 Not part of the test suite (it runs for minutes); tests/test_reliability.py covers the same paths briefly.
 """
 import argparse
+import ctypes
 import json
 import os
 import random
@@ -48,14 +49,32 @@ def build_parser():
     p.add_argument("--hook-share", type=float, default=0.15, help="share of calls through zen_hook (default 0.15)")
     p.add_argument("--async-share", type=float, default=0.1, help="share of calls with async_op (default 0.1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-trim", action="store_true", help="sample RSS without malloc_trim(0) first")
     p.add_argument("--timeout", type=float, default=3600, help="seconds for the whole run")
     p.add_argument("--json", default=None, help="write the figures as JSON here")
     return p
 
 
-def rss_bytes() -> int:
+def rss_bytes(trim: bool) -> int:
+    """Resident set size. ``trim``: first hand freed heap pages back to the OS (glibc's malloc_trim), so
+    that the figure follows live memory rather than what the allocator's per-thread arenas keep."""
+    if trim:
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def slope_per_1000(points) -> float:
+    """Least-squares slope of (calls, bytes), in MiB per 1000 calls."""
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [p[0] for p in points], [p[1] / 2**20 for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return 1000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
 
 
 def plan(args, schemes):
@@ -143,7 +162,7 @@ def soak_rank(rank, world, args):
                 bad = (torch.nan_to_num(got.float(), nan=1e30) != torch.nan_to_num(ref.float(), nan=1e30)).sum().item()
                 wrong_elements[key] = wrong_elements.get(key, 0) + bad
         if (i + 1) % args.sample_every == 0 or i + 1 == len(calls):
-            samples.append((i + 1, rss_bytes()))
+            samples.append((i + 1, rss_bytes(not args.no_trim)))
     seconds = time.monotonic() - start
     elements = sum(c["numel"] for c in calls)
     return dict(calls=len(calls), by_scheme=by_scheme, wrong=wrong, wrong_elements=wrong_elements,
@@ -160,15 +179,19 @@ def summarize(args, results):
         wrong = sum(r["wrong"].get(key, 0) for r in results)
         bad = sum(r["wrong_elements"].get(key, 0) for r in results)
         print(f"{key:>12} {first['by_scheme'][key]:>7} {wrong:>6} {bad:>16}")
-    print(f"{'rank':>4} {'warm MiB':>9} {'end MiB':>8} {'max MiB':>8} {'growth MiB':>10} {'errors':>6}")
+    print(f"RSS{'' if args.no_trim else ' after malloc_trim(0)'}, sampled every {args.sample_every} calls; "
+          f"warm = after {args.warmup} calls; slope = least-squares fit after warm-up")
+    print(f"{'rank':>4} {'warm MiB':>9} {'end MiB':>8} {'max MiB':>8} {'growth MiB':>10} {'MiB/1k calls':>12} "
+          f"{'errors':>6}")
     rows = []
     for rank, r in enumerate(results):
-        after = [rss for calls, rss in r["samples"] if calls >= args.warmup] or [r["samples"][-1][1]]
-        warm, end, peak = after[0], after[-1], max(after)
+        points = [(calls, rss) for calls, rss in r["samples"] if calls >= args.warmup] or r["samples"][-1:]
+        warm, end, peak = points[0][1], points[-1][1], max(rss for _, rss in points)
+        slope = slope_per_1000(points)
         rows.append(dict(rank=rank, warm_mib=warm / mib, end_mib=end / mib, max_mib=peak / mib,
-                         growth_mib=(end - warm) / mib, errors=r["error_count"]))
+                         growth_mib=(end - warm) / mib, slope_mib_per_1000_calls=slope, errors=r["error_count"]))
         print(f"{rank:>4} {warm / mib:>9.1f} {end / mib:>8.1f} {peak / mib:>8.1f} {(end - warm) / mib:>10.1f} "
-              f"{r['error_count']:>6}")
+              f"{slope:>12.2f} {r['error_count']:>6}")
     for r in results:
         for e in r["errors"][:5]:
             print("error:", e)

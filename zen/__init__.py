@@ -8,12 +8,12 @@ __version__ = "0.1.0"
 
 from . import ops  # noqa: F401  (loads the extension)
 from .collective import Work, all_reduce
-from .comm import MismatchError
+from .comm import BrokenGroupError, MismatchError
 from .hook import ZenState, zen_hook
 from .schemes import SCHEMES
 from . import cost
 from .cost import Profile, Workload
 from .prediction import measure, predict, predict_memory, probe_profile, set_profile
 
-__all__ = ["all_reduce", "Work", "MismatchError", "ZenState", "zen_hook", "SCHEMES", "ops", "__version__"]
+__all__ = ["all_reduce", "Work", "MismatchError", "BrokenGroupError", "ZenState", "zen_hook", "SCHEMES", "ops", "__version__"]
 __all__ += ["predict", "predict_memory", "measure", "set_profile", "probe_profile", "Profile", "Workload", "cost"]

@@ -207,7 +207,7 @@ class Comm:
     def check_usable(self) -> None:
         if self.broken is not None:
             raise BrokenGroupError(
-                f"zen: this process group is unusable on rank {self.rank}: an earlier zen collective on it failed "
+                f"zen: this process group is unusable on this rank (group rank {self.rank}): an earlier zen collective on it failed "
                 f"part-way ({self.broken}); the ranks may be out of step. Create a new process group to go on.")
 
     # --- agreement ----------------------------------------------------------------------------------
