@@ -12,6 +12,7 @@ import torch.distributed as dist
 from .collective import reduce_now
 from .comm import get_comm
 from .schemes import SCHEMES, make_scheme
+from .schemes.balanced import check_settings
 
 
 class ZenState:
@@ -38,14 +39,7 @@ class ZenState:
                  serial_factor: float = 0.1, timeout=None):
         if scheme not in SCHEMES:
             raise ValueError(f"ZenState: scheme must be one of {', '.join(SCHEMES)}; got {scheme!r}")
-        if dense_threshold is not None and not (0.0 <= dense_threshold <= 1.0):
-            raise ValueError(f"ZenState: dense_threshold must be None or in [0, 1]; got {dense_threshold!r}")
-        if num_probes is not None and (not isinstance(num_probes, int) or not 0 <= num_probes <= 16):
-            raise ValueError(f"ZenState: num_probes must be None or an int in [0, 16]; got {num_probes!r}")
-        if not 1.0 <= table_factor <= 64.0:
-            raise ValueError(f"ZenState: table_factor must be in [1, 64]; got {table_factor!r}")
-        if not 0.0 <= serial_factor <= 64.0:
-            raise ValueError(f"ZenState: serial_factor must be in [0, 64]; got {serial_factor!r}")
+        check_settings("ZenState", num_probes, table_factor, serial_factor, dense_threshold)
         if timeout is not None and not (timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout) > 0:
             raise ValueError(f"ZenState: timeout must be None, a positive timedelta or seconds; got {timeout!r}")
         self.process_group = process_group

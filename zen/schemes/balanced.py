@@ -23,6 +23,18 @@ from ..cost import balanced_bytes, dense_bytes
 from .base import Call, Scheme
 
 
+def check_settings(owner: str, num_probes, table_factor, serial_factor, dense_threshold) -> None:
+    """ValueError naming the first bad setting of the hash partition and the dense switch."""
+    if num_probes is not None and (not isinstance(num_probes, int) or not 0 <= num_probes <= 16):
+        raise ValueError(f"{owner}: num_probes must be None or an int in [0, 16]; got {num_probes!r}")
+    if not 1.0 <= table_factor <= 64.0:
+        raise ValueError(f"{owner}: table_factor must be in [1, 64]; got {table_factor!r}")
+    if not 0.0 <= serial_factor <= 64.0:
+        raise ValueError(f"{owner}: serial_factor must be in [0, 64]; got {serial_factor!r}")
+    if dense_threshold is not None and not 0.0 <= dense_threshold <= 1.0:
+        raise ValueError(f"{owner}: dense_threshold must be None or in [0, 1]; got {dense_threshold!r}")
+
+
 class BalancedParallelism(Scheme):
     name = "zen"
 
@@ -33,14 +45,7 @@ class BalancedParallelism(Scheme):
         table accesses cost more than they save. ``dense_switch``: after the size exchange, send the whole
         tensor dense (all ranks alike) when the cost formulas say dense is cheaper, or when the mean density
         exceeds ``dense_threshold``."""
-        if num_probes is not None and (not isinstance(num_probes, int) or not 0 <= num_probes <= 16):
-            raise ValueError(f"BalancedParallelism: num_probes must be None or an int in [0, 16]; got {num_probes!r}")
-        if not 1.0 <= table_factor <= 64.0:
-            raise ValueError(f"BalancedParallelism: table_factor must be in [1, 64]; got {table_factor!r}")
-        if not 0.0 <= serial_factor <= 64.0:
-            raise ValueError(f"BalancedParallelism: serial_factor must be in [0, 64]; got {serial_factor!r}")
-        if dense_threshold is not None and not 0.0 <= dense_threshold <= 1.0:
-            raise ValueError(f"BalancedParallelism: dense_threshold must be None or in [0, 1]; got {dense_threshold!r}")
+        check_settings("BalancedParallelism", num_probes, table_factor, serial_factor, dense_threshold)
         self.num_probes = num_probes
         self.table_factor = table_factor
         self.serial_factor = serial_factor
