@@ -116,19 +116,9 @@ def same(a, b) -> bool:
     return torch.equal(a, b)
 
 
-class _Bucket:
-    def __init__(self, buffer):
-        self._buffer = buffer
-
-    def buffer(self):
-        return self._buffer
-
-    def index(self):
-        return 0
-
-
 def soak_rank(rank, world, args):
     import zen
+    from zen.local import LocalBucket
 
     schemes = list(zen.SCHEMES) if args.schemes == "all" else args.schemes.split(",")
     calls = plan(args, schemes)
@@ -145,7 +135,7 @@ def soak_rank(rank, world, args):
         by_scheme[key] = by_scheme.get(key, 0) + 1
         try:
             if call["entry"] == "hook":
-                got = zen.zen_hook(state, _Bucket(x)).wait()
+                got = zen.zen_hook(state, LocalBucket(x)).wait()
                 ref /= world
             elif call["entry"] == "async":
                 zen.all_reduce(x, scheme=call["scheme"], async_op=True).wait()

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from distributed import run_ranks
+from distributed import LocalBucket, run_ranks
 
 
 class EmbeddingModel(nn.Module):
@@ -88,14 +88,7 @@ def _hook_contract(rank, world):
     bucket_buffer = torch.zeros(1000)
     bucket_buffer[rank::7] = 1.0
 
-    class FakeBucket:  # the two methods a hook may use
-        def buffer(self):
-            return bucket_buffer
-
-        def index(self):
-            return 0
-
-    fut = zen.zen_hook(state, FakeBucket())
+    fut = zen.zen_hook(state, LocalBucket(bucket_buffer))
     assert isinstance(fut, torch.futures.Future)
     out = fut.wait()
     ref = torch.zeros(1000)
@@ -107,8 +100,7 @@ def _hook_contract(rank, world):
     dense = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
     ref = dense.clone()
     dist.all_reduce(ref)
-    bucket_buffer = dense
-    out = zen.zen_hook(state, FakeBucket()).wait()
+    out = zen.zen_hook(state, LocalBucket(dense)).wait()
     assert torch.allclose(out, ref / world) and state.last_stats.get("dense") is True
     return True
 

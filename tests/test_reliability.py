@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distributed import run_ranks
+from distributed import LocalBucket, run_ranks
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 BAD_DTYPES = [torch.bool, torch.int8, torch.uint8, torch.int16, torch.complex64, torch.complex128]
@@ -211,21 +211,11 @@ def _pathological_partitions(rank, world):
     # The same through the DDP hook's state (tiny tables), on a bucket-like buffer.
     state = zen.ZenState(num_probes=1, table_factor=1.0, serial_factor=0.0, dense_threshold=1.0)
 
-    class Bucket:
-        def __init__(self, buffer):
-            self._buffer = buffer
-
-        def buffer(self):
-            return self._buffer
-
-        def index(self):
-            return 0
-
     def hook():
         buf = tensor_for(rank, 30000, seed=14, density=0.3)
         ref = buf.clone()
         dist.all_reduce(ref)
-        got = zen.zen_hook(state, Bucket(buf)).wait()
+        got = zen.zen_hook(state, LocalBucket(buf)).wait()
         return torch.allclose(got, ref / world, rtol=0, atol=1e-6), state.last_stats.get("partition_fallback")
 
     out["hook_overflow"] = outcome(hook)

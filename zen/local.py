@@ -93,3 +93,17 @@ def run_ranks(world, fn, *args, timeout=180, pg_timeout=60, expect_dead=()):
         rank = min(errors)
         raise RankError(f"rank {rank} failed:\n{errors[rank]}")
     return [results.get(r) for r in range(world)]
+
+
+class LocalBucket:
+    """A stand-in for DDP's GradBucket (the two methods a comm hook uses), to call a hook outside DDP."""
+
+    def __init__(self, buffer, index: int = 0):
+        self._buffer = buffer
+        self._index = index
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self) -> int:
+        return self._index
