@@ -13,7 +13,12 @@ scheme):
     algbw    numel * s_v / time, as nccl-tests defines it (GB/s)
     sent     bytes one rank sent in one call (mean over ranks), as the scheme reports it
     speedup  dense median / scheme median
+    pred     the cost model's time for the scheme (``zen.predict`` of the same tensor, the group's profile
+             probed once at the start), to compare with the measured median
     imb      max/mean load of the n partitions of the union, by zen's hash and by a contiguous split
+
+Below the table, where each scheme's time goes (mean over ranks of the per-phase medians, ms), for the
+schemes that report phases.
 """
 import argparse
 import json
@@ -54,7 +59,8 @@ def build_parser():
     p.add_argument("--bandwidth", default=None, help="emulated link rate, e.g. 1gbit (runs an emulated cluster, root)")
     p.add_argument("--latency", default="0ms", help="emulated one-way link latency, e.g. 0.1ms")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
-    p.add_argument("--plot", default=None, help="write a PNG plot here (speedup vs density)")
+    p.add_argument("--plot", default=None, help="write a PNG plot here (speedup vs density, imbalance)")
+    p.add_argument("--no-predict", action="store_true", help="skip the cost model's prediction column")
     p.add_argument("--from-env", action="store_true", help=argparse.SUPPRESS)  # one rank, launched by torchrun/cluster
     return p
 
@@ -85,7 +91,7 @@ def imbalance(loads):
     return (loads.max() / loads.mean()).item() if loads.sum() > 0 else 1.0
 
 
-def run_case(args, schemes, numel, density, rank, world):
+def run_case(args, schemes, numel, density, rank, world, progress=None):
     """Times every scheme on one case; returns a row per scheme (on every rank)."""
     import zen
     from zen import ops
@@ -99,9 +105,12 @@ def run_case(args, schemes, numel, density, rank, world):
     contiguous_imb = imbalance(torch.bincount(union_idx * world // max(1, numel), minlength=world))
     nnz = torch.tensor([float((x0 != 0).sum())])
     dist.all_reduce(nnz)
+    predicted = {} if args.no_predict else zen.predict(x0)
+    profile = zen.prediction.cached_profile()
     tol = TOLERANCE[x0.dtype]
     times = {s: [] for s in schemes}
     sent = {s: [] for s in schemes}
+    phases = {s: {} for s in schemes}
     wrong = {s: 0 for s in schemes}
     for it in range(args.warmup + args.iters):
         for scheme in schemes:
@@ -118,8 +127,12 @@ def run_case(args, schemes, numel, density, rank, world):
             if it >= args.warmup:
                 times[scheme].append(elapsed)
                 sent[scheme].append(stats.get("bytes_sent", float("nan")))
+                for phase, seconds in stats.get("phases", {}).items():
+                    phases[scheme].setdefault(phase, []).append(seconds)
                 bad = ~torch.isclose(x.double(), truth.double(), rtol=tol, atol=tol * truth.abs().max().item())
                 wrong[scheme] += int(bad.sum())
+        if progress is not None:
+            progress.update(1)
     # The time of a call is its slowest rank's.
     rows = []
     dense_median = None
@@ -131,6 +144,9 @@ def run_case(args, schemes, numel, density, rank, world):
         b = torch.tensor([statistics.mean(sent[scheme])], dtype=torch.float64)
         dist.all_reduce(b)
         median = statistics.median(t.tolist())
+        names = list(phases[scheme])  # the same phases in the same order on every rank (one protocol)
+        mine = torch.tensor([statistics.median(phases[scheme][p]) for p in names], dtype=torch.float64)
+        dist.all_reduce(mine)
         if scheme == "dense":
             dense_median = median
         rows.append({
@@ -140,6 +156,12 @@ def run_case(args, schemes, numel, density, rank, world):
             "imbalance_contiguous": contiguous_imb, "time_median": median, "time_min": t.min().item(),
             "time_max": t.max().item(), "algbw_GBps": numel * x0.element_size() / median / 1e9,
             "bytes_sent": b.item() / world, "wrong": int(w.item()),
+            "time_predicted": predicted.get(scheme, float("nan")),
+            "phases_ms": {p: v * 1e3 / world for p, v in zip(names, mine.tolist())},
+            "profile": None if profile is None else {
+                "bandwidth_Bps": profile.bandwidth, "latency_s": profile.latency,
+                "memory_bandwidth_Bps": profile.memory_bandwidth, "element_time_s": profile.element_time,
+                "write_time_s": profile.write_time, "rates_Bps": dict(profile.rates)},
         })
     for row in rows:
         row["speedup_vs_dense"] = dense_median / row["time_median"] if dense_median else float("nan")
@@ -148,13 +170,29 @@ def run_case(args, schemes, numel, density, rank, world):
 
 def format_table(rows):
     head = (f"{'numel':>11} {'nnz/rank':>9} {'union':>7} {'imb hash':>8} {'imb cont':>8} {'scheme':>10} "
-            f"{'time ms':>9} {'(min':>8} {'max)':>8} {'algbw':>7} {'sent MB':>8} {'speedup':>7} {'#wrong':>6}")
-    lines = [head, "-" * len(head)]
+            f"{'time ms':>9} {'(min':>8} {'max)':>8} {'pred ms':>8} {'algbw':>7} {'sent MB':>8} {'speedup':>7} "
+            f"{'#wrong':>6}")
+    lines = []
+    profiles = {json.dumps(r["profile"]) for r in rows if r.get("profile")}
+    for text in sorted(profiles):
+        p = json.loads(text)
+        rates = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in p["rates_Bps"].items())
+        lines.append(f"profile (probed): MB/s per rank {rates}; latency {p['latency_s'] * 1e6:.0f} us; memory "
+                     f"{p['memory_bandwidth_Bps'] / 1e9:.2f} GB/s; {p['element_time_s'] * 1e9:.1f} ns per merged "
+                     f"pair, {p['write_time_s'] * 1e9:.1f} ns per written element")
+    lines += [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['union_density']:>7.2%} {r['imbalance_hash']:>8.2f} "
                      f"{r['imbalance_contiguous']:>8.2f} {r['scheme']:>10} {r['time_median'] * 1e3:>9.2f} "
-                     f"{r['time_min'] * 1e3:>8.2f} {r['time_max'] * 1e3:>8.2f} {r['algbw_GBps']:>7.2f} "
+                     f"{r['time_min'] * 1e3:>8.2f} {r['time_max'] * 1e3:>8.2f} {r['time_predicted'] * 1e3:>8.2f} "
+                     f"{r['algbw_GBps']:>7.2f} "
                      f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}")
+    phased = [r for r in rows if r.get("phases_ms")]
+    if phased:
+        lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians):"]
+        for r in phased:
+            parts = "  ".join(f"{p} {v:.2f}" for p, v in r["phases_ms"].items())
+            lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['scheme']:>10}  {parts}")
     return "\n".join(lines)
 
 
@@ -168,11 +206,18 @@ def bench(rank, world, args):
     schemes = ["dense"] + schemes  # the baseline first in every round
     all_rows = []
     todo = cases(args)
-    for i, (numel, density) in enumerate(todo):
-        rows = run_case(args, schemes, numel, density, rank, world)
-        all_rows += rows
-        if rank == 0:
-            print(f"[{i + 1}/{len(todo)}] numel={numel} density={density}", file=sys.stderr, flush=True)
+    progress = None
+    if rank == 0:
+        from tqdm import tqdm
+
+        progress = tqdm(total=len(todo) * (args.warmup + args.iters), unit="round", file=sys.stderr,
+                        disable=None)  # shown on a terminal only
+    for numel, density in todo:
+        if progress is not None:
+            progress.set_description(f"numel={numel} density={density}")
+        all_rows += run_case(args, schemes, numel, density, rank, world, progress)
+    if progress is not None:
+        progress.close()
     return all_rows
 
 

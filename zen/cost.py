@@ -4,20 +4,26 @@ Notation: n ranks, M elements, k_r non-zeros on rank r (k their mean, d = k / M 
 the union of all ranks' non-zeros, gamma = U / k, lambda = heaviest partition / mean partition, s_i and s_v
 bytes per index and per value. A :class:`Profile` gives the group's numbers:
 
-    b      bandwidth per rank and direction, bytes/s (links are full duplex: a rank sends and receives at b)
+    b      bandwidth per rank and direction, bytes/s (links are full duplex: a rank sends and receives at b);
+           b_ar, b_a2a, b_p2p: what a ring all-reduce, an all-to-all and a pairwise exchange reach per rank
+           (measured by the probe; they differ on real transports: on gloo/TCP a connection that carries
+           data both ways reaches about half of b); b where not measured
     alpha  latency of one message step, s
     mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
-    e      time per element of the random-access kernels (hash partition, aggregate, scatter, bitmap), s
+    e      time per pair of the hashing and merging kernels (partition, aggregate), s
+    w      time per element written or decoded at random positions (scatter, bitmap decode), s
 
 Wire terms. A collective finishes when its most loaded link does: an all-to-all in which rank r sends S_r
-and receives R_r bytes takes  c_a2a + max_r max(S_r, R_r) / b;  a ring all-gather of R bytes per rank
-takes c_ag + (n-1) R / b; a ring all-reduce of M s_v bytes c_ar + 2 (n-1)/n M s_v / b. The fixed costs are
+and receives R_r bytes takes  c_a2a + max_r max(S_r, R_r) / b_a2a;  a ring all-gather of R bytes per rank
+takes c_ag + (n-1) R / b; a ring all-reduce of M s_v bytes c_ar + 2 (n-1)/n M s_v / b_ar; a pairwise
+exchange of S bytes c_p2p + S / b_p2p. The fixed costs are
 measured by the probe (``zen.predict``), or, for a profile given as (b, alpha), counted in message steps:
 c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p = alpha (all pairs at once).
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
-Local terms. Finding the non-zeros of a dense tensor reads all of it: M s_v / mu. Hashing, aggregating and
-scattering cost e per element; copies and dense adds cost their bytes / mu.
+Local terms. Finding the non-zeros of a dense tensor reads all of it: M s_v / mu. Hashing and aggregating
+cost e per pair, scattering into the output and decoding a bitmap w per element; copies and dense adds
+cost their bytes / mu.
 
 Closed forms (equal k_r, balanced partitions, no latency, no local terms), which the functions below reduce
 to and the tests check:
@@ -71,14 +77,17 @@ def balanced_bytes(numel: int, density: float, n: int, gamma: float, imbalance: 
 class Profile:
     """A group's speeds. ``overheads`` holds measured fixed costs (s) of one call of a primitive:
     "allgather", "allreduce", "alltoall", "p2p"; a primitive not in it costs its message steps * latency.
-    ``call_overhead``: the fixed cost of one zen call (the lane hand-off), the same for every scheme."""
+    ``rates`` holds measured bytes/s per rank of "allreduce", "alltoall" and "p2p"; a primitive not in it
+    runs at ``bandwidth``. ``call_overhead``: the fixed cost of one zen call (the lane hand-off)."""
 
     bandwidth: float
     latency: float
     memory_bandwidth: float = 10e9
     element_time: float = 5e-9
+    write_time: float = 2e-9
     call_overhead: float = 0.0
     overheads: tuple = ()
+    rates: tuple = ()
 
     def __post_init__(self):
         if not self.bandwidth > 0:
@@ -89,6 +98,10 @@ class Profile:
             raise ValueError(f"Profile: memory_bandwidth must be > 0 bytes/s; got {self.memory_bandwidth!r}")
         if not self.element_time >= 0:
             raise ValueError(f"Profile: element_time must be >= 0 s; got {self.element_time!r}")
+        if not self.write_time >= 0:
+            raise ValueError(f"Profile: write_time must be >= 0 s; got {self.write_time!r}")
+        if not all(rate > 0 for _, rate in self.rates):
+            raise ValueError(f"Profile: rates must be > 0 bytes/s; got {self.rates!r}")
 
     def fixed(self, primitive: str, n: int) -> float:
         """Fixed cost of one call of ``primitive`` on n ranks."""
@@ -99,6 +112,10 @@ class Profile:
             return measured
         steps = {"allgather": n - 1, "allreduce": 2 * (n - 1), "alltoall": 1, "p2p": 1}[primitive]
         return steps * self.latency
+
+    def rate(self, primitive: str) -> float:
+        """Bytes/s per rank that ``primitive`` reaches ("allreduce", "alltoall", "p2p")."""
+        return dict(self.rates).get(primitive, self.bandwidth)
 
 
 @dataclass
@@ -155,7 +172,7 @@ def _alltoall(send: Sequence[float], recv: Sequence[float], w: Workload, p: Prof
     """c_a2a + max_r max(S_r, R_r) / b."""
     if w.n <= 1:
         return 0.0
-    return p.fixed("alltoall", w.n) + max(max(s, r) for s, r in zip(send, recv)) / p.bandwidth
+    return p.fixed("alltoall", w.n) + max(max(s, r) for s, r in zip(send, recv)) / p.rate("alltoall")
 
 
 def _allgather(ints: int, w: Workload, p: Profile) -> float:
@@ -175,8 +192,8 @@ def _scan(w: Workload, p: Profile) -> float:
 
 
 def _write_back(count: float, w: Workload, p: Profile) -> float:
-    """Scattering ``count`` union elements into the dense output: e per element (0 for COO input)."""
-    return count * p.element_time if w.dense_input else 0.0
+    """Scattering ``count`` union elements into the dense output: w per element (0 for COO input)."""
+    return count * p.write_time if w.dense_input else 0.0
 
 
 def _others(values: Sequence[float], r: int) -> float:
@@ -212,12 +229,13 @@ def _aggregate_bytes(count: float, unique: float) -> float:
 
 
 def dense_time(w: Workload, p: Profile) -> float:
-    """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b (COO input is densified first: 2 M s_v / mu)."""
+    """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b_ar (COO input is densified first:
+    2 M s_v / mu + w per element written and read back)."""
     t = p.call_overhead + _agree(0, w, p)
     if w.n > 1:
-        t += p.fixed("allreduce", w.n) + dense_bytes(w.numel, w.n, w.value_size) / p.bandwidth
+        t += p.fixed("allreduce", w.n) + dense_bytes(w.numel, w.n, w.value_size) / p.rate("allreduce")
     if not w.dense_input:
-        t += 2 * w.numel * w.value_size / p.memory_bandwidth + (max(w.nnz) + w.union) * p.element_time
+        t += 2 * w.numel * w.value_size / p.memory_bandwidth + (max(w.nnz) + w.union) * p.write_time
     return t
 
 
@@ -236,7 +254,7 @@ def zen_time(w: Workload, p: Profile) -> float:
     """Balanced Parallelism: hash partition (e k_r), agreement (n counts), push all-to-all (rank r sends
     its pieces for the other partitions, receives theirs for its own), aggregate (e per received pair),
     pull-size all-gather, pull all-to-all of the repeated pieces (COO or hash bitmap, whichever smaller),
-    decode and write-back of U."""
+    decode (w per element) and write-back of U."""
     n, c = w.n, w.hash_counts
     t = p.call_overhead + _scan(w, p) + max(w.nnz) * p.element_time + _agree(n, w, p)
     if n <= 1:
@@ -249,7 +267,7 @@ def zen_time(w: Workload, p: Profile) -> float:
     pieces = [_zen_pull_piece(u, w) for u in w.hash_union]
     t += _allgather(3, w, p)
     t += _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p)
-    t += n * max(pieces) / p.memory_bandwidth + w.union * p.element_time
+    t += n * max(pieces) / p.memory_bandwidth + w.union * p.write_time
     if any(x < _coo(u, w) for x, u in zip(pieces, w.hash_union)):
         t += w.numel / 8.0 / p.memory_bandwidth  # bitmap decode reads |I_j| bits per piece
     return t + _write_back(w.union, w, p)
@@ -273,16 +291,17 @@ def sparcml_time(w: Workload, p: Profile) -> float:
             return 2 * dense_bytes_ / p.memory_bandwidth
         return both * p.element_time + (dense_bytes_ / p.memory_bandwidth if _coo(both, w) > dense_bytes_ else 0.0)
 
+    rate = p.rate("p2p")
     if folded:
-        t += p.fixed("p2p", n) + max(_sparcml_message(k[pw + i], w) for i in range(folded)) / p.bandwidth
+        t += p.fixed("p2p", n) + max(_sparcml_message(k[pw + i], w) for i in range(folded)) / rate
         t += max(merge(k[i], k[pw + i]) for i in range(folded))
     for s in range(steps):
         level = w.doubling_unions[s]
         headers = 1 if (s > 0 or folded) else 0
-        t += (1 + headers) * p.fixed("p2p", n) + max(_sparcml_message(u, w) for u in level) / p.bandwidth
+        t += (1 + headers) * p.fixed("p2p", n) + max(_sparcml_message(u, w) for u in level) / rate
         t += max(merge(level[g], level[g ^ 1]) for g in range(len(level)))
     if folded:
-        t += 2 * p.fixed("p2p", n) + _sparcml_message(w.union, w) / p.bandwidth
+        t += 2 * p.fixed("p2p", n) + _sparcml_message(w.union, w) / rate
     if _sparcml_message(w.union, w) >= dense_bytes_:
         return t + dense_bytes_ / p.memory_bandwidth  # copy out (dense input) or find the non-zeros (COO)
     return t + _write_back(w.union, w, p)
@@ -310,7 +329,7 @@ def omnireduce_time(w: Workload, p: Profile) -> float:
     union_blocks = sum(w.block_union)
     if w.dense_input:
         return t + union_blocks * bs * sv / p.memory_bandwidth
-    return t + union_blocks * bs * (sv / p.memory_bandwidth + p.element_time)
+    return t + union_blocks * bs * (sv / p.memory_bandwidth + p.write_time)
 
 
 TIME_FORMULAS: Dict[str, Callable[[Workload, Profile], float]] = {

@@ -16,9 +16,10 @@ of two) and one all-gather of counts:
 * bytes per index and per value from the dtypes;
 
 and combine them with the group's :class:`zen.cost.Profile`: set by :func:`set_profile`, or measured once
-per group by :func:`probe_profile` (a second or so: small collectives for the fixed costs, a 1 MiB pairwise
-exchange for the bandwidth, the non-zero scan for memory bandwidth, ``ops.aggregate`` of random indices for
-the time per element) and cached. All ranks use rank 0's profile, so they all compute the same predictions.
+per group by :func:`probe_profile` (a second or so at 1 Gbit/s: small collectives for the fixed costs, 1 and
+4 MiB all-reduces, all-to-alls and pairwise exchanges for the rates (the slope), and the local kernels;
+see :func:`probe_now`) and cached. All ranks use rank 0's profile, so they all
+compute the same predictions.
 :func:`measure` returns the measured :class:`zen.cost.Workload` itself, for offline use with
 :func:`zen.cost.predict_times` under other profiles.
 """
@@ -79,7 +80,7 @@ def _key(group):
 
 
 def set_profile(group=None, profile: Optional[Profile] = None, *, bandwidth=None, latency=None,
-                memory_bandwidth=None, element_time=None) -> Profile:
+                memory_bandwidth=None, element_time=None, write_time=None) -> Profile:
     """Use ``profile`` (or one built from bandwidth, latency, ...) for ``group`` instead of the probe.
     Local (no collective); rank 0's profile is the one every rank uses. Strings are parsed ('1gbit', '50us').
     Returns the profile set."""
@@ -91,6 +92,8 @@ def set_profile(group=None, profile: Optional[Profile] = None, *, bandwidth=None
             fields["memory_bandwidth"] = parse_rate(memory_bandwidth)
         if element_time is not None:
             fields["element_time"] = parse_time(element_time)
+        if write_time is not None:
+            fields["write_time"] = parse_time(write_time)
         profile = Profile(**fields)
     _profiles[_key(group)] = profile
     return profile
@@ -105,19 +108,27 @@ def clear_profile(group=None) -> None:
     _profiles.pop(_key(group), None)
 
 
+RATES = ("allreduce", "alltoall", "p2p")
+_FIELDS = 6  # bandwidth, latency, memory_bandwidth, element_time, write_time, call_overhead
+
+
 def _encode(p: Optional[Profile]) -> list:
     if p is None:
-        return [0] * (5 + len(PRIMITIVES))
-    measured = dict(p.overheads)
+        return [0] * (_FIELDS + len(PRIMITIVES) + len(RATES))
+    overheads, rates = dict(p.overheads), dict(p.rates)
     return ([int(p.bandwidth), round(p.latency * _PS), int(p.memory_bandwidth), round(p.element_time * _PS),
-             round(p.call_overhead * _PS)] + [round(measured[k] * _PS) if k in measured else -1 for k in PRIMITIVES])
+             round(p.write_time * _PS), round(p.call_overhead * _PS)]
+            + [round(overheads[k] * _PS) if k in overheads else -1 for k in PRIMITIVES]
+            + [int(rates[k]) if k in rates else -1 for k in RATES])
 
 
 def _decode(row) -> Profile:
     row = [int(x) for x in row]
+    overheads, rates = row[_FIELDS:_FIELDS + len(PRIMITIVES)], row[_FIELDS + len(PRIMITIVES):]
     return Profile(bandwidth=float(row[0]), latency=row[1] / _PS, memory_bandwidth=float(row[2]),
-                   element_time=row[3] / _PS, call_overhead=row[4] / _PS,
-                   overheads=tuple((k, v / _PS) for k, v in zip(PRIMITIVES, row[5:]) if v >= 0))
+                   element_time=row[3] / _PS, write_time=row[4] / _PS, call_overhead=row[5] / _PS,
+                   overheads=tuple((k, v / _PS) for k, v in zip(PRIMITIVES, overheads) if v >= 0),
+                   rates=tuple((k, float(v)) for k, v in zip(RATES, rates) if v > 0))
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -132,9 +143,22 @@ def _median_time(fn, repeats: int) -> float:
 
 def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
     """Measure the group's profile (collective; on the calling thread, which must be the group's lane).
-    Every rank measures; the result is the per-field median over the ranks (the same on every rank)."""
+    Every rank measures; the result is the per-field median over the ranks (the same on every rank).
+
+    Fixed costs: the median time of a tiny call of each primitive. Rates: the slope between a call of
+    ``message_bytes`` and one of 4x that (so TCP's ramp-up and the fixed cost cancel out), in bytes one rank
+    sends: 2 (n-1)/n per byte for the all-reduce, (n-1)/n for the all-to-all, 1 for the pairwise exchange.
+    Local: the non-zero scan of 16 MiB of zeros (mu), ``ops.aggregate`` of n ascending runs (e, per pair),
+    ``ops.scatter_`` of ascending indices (w, per element)."""
     n, me, device = comm.world, comm.rank, comm.device
-    mine = {}
+    mine, rates = {}, {}
+    big_repeats = max(1, (repeats + 1) // 2)
+
+    def slope(run, wire_bytes_per_byte):
+        t_one = _median_time(lambda: run(message_bytes), big_repeats)
+        t_four = _median_time(lambda: run(4 * message_bytes), big_repeats)
+        return wire_bytes_per_byte * 3 * message_bytes / max(t_four - t_one, 1e-9)
+
     if n > 1:
         mine["allgather"] = _median_time(lambda: comm.all_gather_rows([0]), repeats)
         one = torch.zeros(1, device=device)
@@ -142,30 +166,35 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         a2a_in = torch.zeros(8 * n, dtype=torch.uint8, device=device)
         a2a_out = torch.empty_like(a2a_in)
         mine["alltoall"] = _median_time(lambda: dist.all_to_all_single(a2a_out, a2a_in, group=comm.group), repeats)
-        peer = me ^ 1 if (me ^ 1) < n else None
-        small, small_in = torch.zeros(8, dtype=torch.uint8, device=device), torch.empty(8, dtype=torch.uint8,
-                                                                                         device=device)
-        big = torch.zeros(message_bytes, dtype=torch.uint8, device=device)
+        big = torch.zeros(4 * message_bytes // (4 * n) * (4 * n), dtype=torch.uint8, device=device)
         big_in = torch.empty_like(big)
-        if peer is not None:
+        floats = big.view(torch.float32)
+        rates["allreduce"] = slope(lambda b: dist.all_reduce(floats[:b // 4], group=comm.group), 2 * (n - 1) / n)
+        rates["alltoall"] = slope(lambda b: dist.all_to_all_single(big_in[:b // n * n], big[:b // n * n],
+                                                                   group=comm.group), (n - 1) / n)
+        peer = me ^ 1 if (me ^ 1) < n else None
+        if peer is not None:  # (the last rank of an odd group sits this one out)
+            small, small_in = big[:8], big_in[:8]
             mine["p2p"] = _median_time(lambda: exchange(comm, [(peer, small)], [(peer, small_in)]), repeats)
-            t_big = _median_time(lambda: exchange(comm, [(peer, big)], [(peer, big_in)]), repeats)
-            mine["bandwidth"] = message_bytes / max(t_big - mine["p2p"], 1e-9)
+            rates["p2p"] = slope(lambda b: exchange(comm, [(peer, big[:b])], [(peer, big_in[:b])]), 1.0)
     zeros = torch.zeros(1 << 22, device=device)
-    scan = _median_time(lambda: ops.nonzero(zeros), repeats)
+    memory_bandwidth = zeros.numel() * zeros.element_size() / _median_time(lambda: ops.nonzero(zeros), repeats)
     count = 1 << 18
-    idx = torch.randperm(count * 8, device=device)[:count].to(torch.int32)
-    val = torch.ones(count, device=device)
-    per_element = _median_time(lambda: ops.aggregate(idx, val, count * 8), repeats) / count
+    runs = [torch.sort(torch.randperm(count * 8, device=device)[:count // max(n, 2)]).values for _ in range(max(n, 2))]
+    idx = torch.cat(runs).to(torch.int32)
+    val = torch.ones(idx.numel(), device=device)
+    element_time = _median_time(lambda: ops.aggregate(idx, val, count * 8), repeats) / idx.numel()
+    written = runs[0].to(torch.int32)
+    write_time = _median_time(lambda: ops.scatter_(zeros, written, val[:written.numel()]), repeats) / written.numel()
     with ThreadPoolExecutor(max_workers=1) as pool:
         hop = _median_time(lambda: pool.submit(lambda: None).result(), repeats)
-    memory_bandwidth = zeros.numel() * zeros.element_size() / scan
-    local = Profile(bandwidth=mine.get("bandwidth", memory_bandwidth), latency=mine.get("p2p", 0.0),
-                    memory_bandwidth=memory_bandwidth, element_time=per_element, call_overhead=hop,
-                    overheads=tuple((k, mine[k]) for k in PRIMITIVES if k in mine))
+    local = Profile(bandwidth=max(rates.values(), default=memory_bandwidth), latency=mine.get("p2p", 0.0),
+                    memory_bandwidth=memory_bandwidth, element_time=element_time, write_time=write_time,
+                    call_overhead=hop, overheads=tuple((k, mine[k]) for k in PRIMITIVES if k in mine),
+                    rates=tuple(rates.items()))
     row = _encode(local)
     if n > 1 and "p2p" not in mine:
-        row[0], row[1], row[-1] = -1, -1, -1  # measured nothing point-to-point
+        row[1] = -1  # measured nothing point-to-point: no latency, and no p2p columns (already -1)
     rows = comm.all_gather_rows(row).tolist()
     agreed = []
     for column in zip(*rows):
@@ -293,7 +322,7 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
                         doubling_unions=doubling, block_counts=[r[columns[3]:columns[4]] for r in gathered],
                         block_union=block_total, index_size=si, value_size=values.element_size(),
                         block_size=block_size, dense_input=dense_input)
-    return workload, (_decode(gathered[0][-(5 + len(PRIMITIVES)):]) if want_profile else None)
+    return workload, (_decode(gathered[0][-len(_encode(None)):]) if want_profile else None)
 
 
 def _measure(tensor, group, block_size, want_profile, profile=None):

@@ -55,9 +55,11 @@ class BalancedParallelism(Scheme):
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
         indices, values = ops.nonzero(flat)
+        call.mark("scan")
         pieces = self._sync(call, indices, values, flat.numel(), dense_fallback=flat if self.dense_switch else None)
         for union_indices, union_values in pieces:
             ops.scatter_(flat, union_indices, union_values)
+        call.mark("scatter")
 
     def reduce_coo(self, call, indices, values, numel):
         return self._sync(call, indices, values, numel, dense_fallback=None)
@@ -84,9 +86,11 @@ class BalancedParallelism(Scheme):
         probes = self.num_probes if self.num_probes is not None else (3 if indices.is_cuda else 0)
         part_idx, part_val, counts, part_stats = ops.partition(
             indices, values, n, seed, probes, self.table_factor, self.serial_factor)
+        call.mark("partition")
         # Rank 0's estimate of gamma rides along, so the dense switch sees the same inputs on every rank.
         agreed = call.agree(counts.tolist() + [round(self.gamma.get(numel, float(n)) * 1e6)])
         counts, gamma = agreed[:, :n].tolist(), agreed[0, n].item() / 1e6
+        call.mark("agree")
         nnz = [sum(row) for row in counts]
         loads = [sum(counts[p][j] for p in range(n)) for j in range(n)]
         call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
@@ -102,19 +106,23 @@ class BalancedParallelism(Scheme):
         recv_splits = [wire.coo_bytes(c, si, sv) for c in recv_counts]
         recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=send.device)
         dist.all_to_all_single(recv, send, recv_splits, send_splits, group=comm.group)
+        call.mark("push")
 
         # 4. aggregate my partition.
         pieces = [wire.unpack_coo(buf, c, idx_dtype, val_dtype)
                   for buf, c in zip(wire.split(recv, recv_splits), recv_counts)]
         union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
                                              numel, n, seed, me)
+        call.mark("aggregate")
 
         # 5. pull, in the smaller format.
         payload, fmt = self._encode_pull(comm, union_idx, union_val, numel, si, sv)
+        call.mark("encode")
         sizes = self._exchange_pull_sizes(comm, union_idx.numel(), fmt, payload.numel())
         pull_splits = [s[2] for s in sizes]
         pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=payload.device)
         dist.all_to_all_single(pulled, payload.repeat(n), pull_splits, [payload.numel()] * n, group=comm.group)
+        call.mark("pull")
 
         union = sum(s[0] for s in sizes)
         mean_nnz = sum(nnz) / n
@@ -125,6 +133,7 @@ class BalancedParallelism(Scheme):
         out = []
         for j, (buf, (count, fmt_j, _)) in enumerate(zip(wire.split(pulled, pull_splits), sizes)):
             out.append(self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, val_dtype))
+        call.mark("decode")
         return out
 
     @staticmethod
