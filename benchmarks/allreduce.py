@@ -13,14 +13,15 @@ scheme):
     algbw    numel * s_v / time, as nccl-tests defines it (GB/s)
     sent     bytes one rank sent in one call (mean over ranks), as the scheme reports it
     speedup  dense median / scheme median
-    pred     the cost model's time for the scheme (``zen.predict`` of the same tensor, the group's profile
-             probed once at the start), to compare with the measured median
+    pred     the cost model's time for the scheme (what ``zen.predict`` of the same tensor gives: the
+             measured workload and the group's profile, probed once at the start; both are in the JSON)
     imb      max/mean load of the n partitions of the union, by zen's hash and by a contiguous split
 
 Below the table, where each scheme's time goes (mean over ranks of the per-phase medians, ms), for the
 schemes that report phases.
 """
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -94,7 +95,7 @@ def imbalance(loads):
 def run_case(args, schemes, numel, density, rank, world, progress=None):
     """Times every scheme on one case; returns a row per scheme (on every rank)."""
     import zen
-    from zen import ops
+    from zen import cost, ops, prediction
 
     x0 = workload_tensor(args, numel, density, rank, 0)
     truth = x0.clone()
@@ -105,9 +106,17 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     contiguous_imb = imbalance(torch.bincount(union_idx * world // max(1, numel), minlength=world))
     nnz = torch.tensor([float((x0 != 0).sum())])
     dist.all_reduce(nnz)
-    predicted = {} if args.no_predict else zen.predict(x0)
-    profile = zen.prediction.cached_profile()
+    # What zen.predict(x0) does, keeping its inputs for the JSON (so a sweep can be re-predicted offline).
+    workload = profile = None
+    predicted = {}
+    if not args.no_predict:
+        workload = prediction.measure(x0)
+        profile = prediction.cached_profile() or prediction.probe_profile()
+        predicted = cost.predict_times(workload, profile)
     tol = TOLERANCE[x0.dtype]
+    # A fresh "auto" per case, as in a new job: it measures on its first call (a warm-up round) and keeps its
+    # pick for 100 calls, so a pick made for the previous case's density would otherwise carry over.
+    instances = {s: zen.schemes.Auto() if s == "auto" else s for s in schemes}
     times = {s: [] for s in schemes}
     sent = {s: [] for s in schemes}
     phases = {s: {} for s in schemes}
@@ -122,7 +131,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
                 dist.all_reduce(x)  # the baseline is torch.distributed itself
                 stats["bytes_sent"] = 2 * (world - 1) * numel * x.element_size() / world
             else:
-                zen.all_reduce(x, scheme=scheme, stats=stats)
+                zen.all_reduce(x, scheme=instances[scheme], stats=stats)
             elapsed = time.perf_counter() - start
             if it >= args.warmup:
                 times[scheme].append(elapsed)
@@ -158,10 +167,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "bytes_sent": b.item() / world, "wrong": int(w.item()),
             "time_predicted": predicted.get(scheme, float("nan")),
             "phases_ms": {p: v * 1e3 / world for p, v in zip(names, mine.tolist())},
-            "profile": None if profile is None else {
-                "bandwidth_Bps": profile.bandwidth, "latency_s": profile.latency,
-                "memory_bandwidth_Bps": profile.memory_bandwidth, "element_time_s": profile.element_time,
-                "write_time_s": profile.write_time, "rates_Bps": dict(profile.rates)},
+            "profile": None if profile is None else dataclasses.asdict(profile),
+            "workload": None if workload is None else dataclasses.asdict(workload),
         })
     for row in rows:
         row["speedup_vs_dense"] = dense_median / row["time_median"] if dense_median else float("nan")
@@ -176,10 +183,11 @@ def format_table(rows):
     profiles = {json.dumps(r["profile"]) for r in rows if r.get("profile")}
     for text in sorted(profiles):
         p = json.loads(text)
-        rates = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in p["rates_Bps"].items())
-        lines.append(f"profile (probed): MB/s per rank {rates}; latency {p['latency_s'] * 1e6:.0f} us; memory "
-                     f"{p['memory_bandwidth_Bps'] / 1e9:.2f} GB/s; {p['element_time_s'] * 1e9:.1f} ns per merged "
-                     f"pair, {p['write_time_s'] * 1e9:.1f} ns per written element")
+        rates = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in p["rates"])
+        lines.append(f"profile (probed): MB/s per rank {rates}; latency {p['latency'] * 1e6:.0f} us; memory "
+                     f"{p['memory_bandwidth'] / 1e9:.2f} GB/s; {p['element_time'] * 1e9:.1f} ns per merged "
+                     f"pair, {p['write_time'] * 1e9:.1f} ns per written element; calibration ms "
+                     + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in p["calibration"]))
     lines += [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['union_density']:>7.2%} {r['imbalance_hash']:>8.2f} "

@@ -63,6 +63,16 @@ def test_measured_rates_replace_the_bandwidth_per_primitive():
         Profile(bandwidth=B, latency=0.0, rates=(("p2p", 0.0),))
 
 
+def test_calibration_adds_each_schemes_missed_fixed_cost():
+    w = uniform(10**6, 4, 2000, 2.0)
+    calibrated = Profile(bandwidth=B, latency=0.0, memory_bandwidth=1e300, element_time=0.0, write_time=0.0,
+                         calibration=(("zen", 0.5), ("dense", 0.25)))
+    base, shifted = predict_times(w, WIRE_ONLY), predict_times(w, calibrated)
+    assert shifted["zen"] == pytest.approx(base["zen"] + 0.5, rel=1e-12)
+    assert shifted["dense"] == pytest.approx(base["dense"] + 0.25, rel=1e-12)
+    assert shifted["agsparse"] == base["agsparse"] and shifted["auto"] == min(shifted.values())
+
+
 @pytest.mark.parametrize("gamma", [1.0, 3.5, 8.0])
 def test_zen_is_equation_1(gamma):
     """(n-1)/n (k + gamma k) (s_i + s_v) / b with COO pulls; plus the pull-size all-gather (3 ints)."""

@@ -24,7 +24,7 @@ import queue
 import threading
 import zlib
 from collections import OrderedDict
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -67,6 +67,17 @@ class MismatchError(ValueError):
 class BrokenGroupError(RuntimeError):
     """Raised by every zen call on a group after a collective on it failed part-way on this rank (a peer
     died, a timeout, a corrupt buffer): the ranks may be out of step, so the group is not used again."""
+
+
+P2P_CHUNK_BYTES = 1 << 20
+
+
+def _chunks(tensor: torch.Tensor, chunk_bytes: Optional[int]) -> List[torch.Tensor]:
+    """``tensor`` as contiguous byte pieces of at most ``chunk_bytes`` (all of it when None; none when empty)."""
+    flat = tensor.reshape(-1).view(torch.uint8) if tensor.numel() else tensor.reshape(-1)
+    if flat.numel() == 0:
+        return []
+    return [flat] if chunk_bytes is None else list(torch.split(flat, chunk_bytes))
 
 
 def shape_code(shape) -> int:
@@ -266,6 +277,37 @@ class Comm:
         else:
             _all_gather_single(rows, mine, group=self.group)
         return rows.view(self.world, -1).cpu()
+
+    # --- transport ----------------------------------------------------------------------------------
+    def exchange(self, sends: List[Tuple[int, torch.Tensor]], recvs: List[Tuple[int, torch.Tensor]]) -> None:
+        """Point-to-point: send each (group rank, tensor) of ``sends`` and fill each of ``recvs``, all posted at
+        once (``batch_isend_irecv``, so NCCL can pair them). Empty tensors are not sent (both sides know).
+        Sender and receiver must agree on each message's byte size (not on its dtype).
+
+        On gloo every message goes as chunks of at most ``P2P_CHUNK_BYTES``: gloo moves one large message
+        between two ranks at about half the link rate while the other direction is busy too (16 MiB each way
+        over 1 Gbit/s: 285 ms as one message, 150 ms as 16 chunks)."""
+        chunk = P2P_CHUNK_BYTES if self.backend == "gloo" else None
+        ops = []
+        for kind, pairs in ((dist.isend, sends), (dist.irecv, recvs)):
+            for peer, tensor in pairs:
+                peer_rank = dist.get_global_rank(self.group, peer)
+                for piece in _chunks(tensor, chunk):
+                    ops.append(dist.P2POp(kind, piece, peer_rank, self.group))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+    def all_to_all(self, recv: torch.Tensor, send: torch.Tensor, recv_splits: List[int],
+                   send_splits: List[int]) -> None:
+        """Byte buffers: piece j of ``send`` (send_splits[j] bytes) goes to rank j, piece q of ``recv`` comes from
+        rank q. (Unchunked: with n-1 peers at once, gloo's own all-to-all keeps the links busier than chunks do.)"""
+        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
+
+    def all_gather_bytes(self, recv: torch.Tensor, piece: torch.Tensor, recv_splits: List[int]) -> None:
+        """Every rank's ``piece`` (uneven byte sizes, recv_splits[q] from rank q) into ``recv``: an all-to-all
+        of n copies of the piece, since no backend has an all-gather of uneven sizes."""
+        self.all_to_all(recv, piece.repeat(self.world), recv_splits, [piece.numel()] * self.world)
 
     # --- hash bitmap index sets -----------------------------------------------------------------------
     def index_sets(self, numel: int, device) -> tuple:

@@ -78,7 +78,9 @@ class Profile:
     """A group's speeds. ``overheads`` holds measured fixed costs (s) of one call of a primitive:
     "allgather", "allreduce", "alltoall", "p2p"; a primitive not in it costs its message steps * latency.
     ``rates`` holds measured bytes/s per rank of "allreduce", "alltoall" and "p2p"; a primitive not in it
-    runs at ``bandwidth``. ``call_overhead``: the fixed cost of one zen call (the lane hand-off)."""
+    runs at ``bandwidth``. ``call_overhead``: the fixed cost of one zen call (the lane hand-off).
+    ``calibration`` holds, per scheme, the seconds its formula missed on a small measured call (fixed
+    costs the per-primitive terms leave out; ``zen.prediction.calibrate``), added to its predictions."""
 
     bandwidth: float
     latency: float
@@ -88,6 +90,7 @@ class Profile:
     call_overhead: float = 0.0
     overheads: tuple = ()
     rates: tuple = ()
+    calibration: tuple = ()
 
     def __post_init__(self):
         if not self.bandwidth > 0:
@@ -356,7 +359,8 @@ def predict_times(w: Workload, profile: Profile, schemes: Optional[Sequence[str]
     elif w.numel == 0:  # only the agreement runs
         times = {name: profile.call_overhead + _agree(0, w, profile) for name in names}
     else:
-        times = {name: TIME_FORMULAS[name](w, profile) for name in names}
+        extra = dict(profile.calibration)
+        times = {name: TIME_FORMULAS[name](w, profile) + extra.get(name, 0.0) for name in names}
     times["auto"] = min(times.values())
     return times
 

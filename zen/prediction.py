@@ -23,6 +23,7 @@ compute the same predictions.
 :func:`measure` returns the measured :class:`zen.cost.Workload` itself, for offline use with
 :func:`zen.cost.predict_times` under other profiles.
 """
+import dataclasses
 import re
 import statistics
 import time
@@ -36,7 +37,7 @@ from . import cost, ops, wire
 from .comm import Comm, get_comm
 from .cost import Profile, Workload
 from .schemes.omnireduce import block_bounds
-from .schemes.sparcml import doubling_plan, exchange
+from .schemes.sparcml import doubling_plan
 
 PRIMITIVES = ("allgather", "allreduce", "alltoall", "p2p")
 _PS = 1e12  # profile times travel as integer picoseconds
@@ -113,22 +114,26 @@ _FIELDS = 6  # bandwidth, latency, memory_bandwidth, element_time, write_time, c
 
 
 def _encode(p: Optional[Profile]) -> list:
+    """A profile as one row of int64 (times in picoseconds, -1 for what was not measured)."""
+    schemes = list(cost.TIME_FORMULAS)
     if p is None:
-        return [0] * (_FIELDS + len(PRIMITIVES) + len(RATES))
-    overheads, rates = dict(p.overheads), dict(p.rates)
+        return [0] * (_FIELDS + len(PRIMITIVES) + len(RATES) + len(schemes))
+    overheads, rates, calibration = dict(p.overheads), dict(p.rates), dict(p.calibration)
     return ([int(p.bandwidth), round(p.latency * _PS), int(p.memory_bandwidth), round(p.element_time * _PS),
              round(p.write_time * _PS), round(p.call_overhead * _PS)]
             + [round(overheads[k] * _PS) if k in overheads else -1 for k in PRIMITIVES]
-            + [int(rates[k]) if k in rates else -1 for k in RATES])
+            + [int(rates[k]) if k in rates else -1 for k in RATES]
+            + [round(calibration[k] * _PS) if k in calibration else -1 for k in schemes])
 
 
 def _decode(row) -> Profile:
     row = [int(x) for x in row]
-    overheads, rates = row[_FIELDS:_FIELDS + len(PRIMITIVES)], row[_FIELDS + len(PRIMITIVES):]
+    a, b = _FIELDS + len(PRIMITIVES), _FIELDS + len(PRIMITIVES) + len(RATES)
     return Profile(bandwidth=float(row[0]), latency=row[1] / _PS, memory_bandwidth=float(row[2]),
                    element_time=row[3] / _PS, write_time=row[4] / _PS, call_overhead=row[5] / _PS,
-                   overheads=tuple((k, v / _PS) for k, v in zip(PRIMITIVES, overheads) if v >= 0),
-                   rates=tuple((k, float(v)) for k, v in zip(RATES, rates) if v > 0))
+                   overheads=tuple((k, v / _PS) for k, v in zip(PRIMITIVES, row[_FIELDS:a]) if v >= 0),
+                   rates=tuple((k, float(v)) for k, v in zip(RATES, row[a:b]) if v > 0),
+                   calibration=tuple((k, v / _PS) for k, v in zip(cost.TIME_FORMULAS, row[b:]) if v >= 0))
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -145,19 +150,22 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     """Measure the group's profile (collective; on the calling thread, which must be the group's lane).
     Every rank measures; the result is the per-field median over the ranks (the same on every rank).
 
-    Fixed costs: the median time of a tiny call of each primitive. Rates: the slope between a call of
-    ``message_bytes`` and one of 4x that (so TCP's ramp-up and the fixed cost cancel out), in bytes one rank
-    sends: 2 (n-1)/n per byte for the all-reduce, (n-1)/n for the all-to-all, 1 for the pairwise exchange.
+    Fixed costs: the median time of a tiny call of each primitive. Rates: bytes sent per rank per second,
+    from the slope between sending ``message_bytes`` and 4x that (so TCP's ramp-up and the fixed cost cancel
+    out): a ring all-reduce (2 (n-1)/n bytes sent per byte reduced), an all-to-all, a pairwise exchange.
     Local: the non-zero scan of 16 MiB of zeros (mu), ``ops.aggregate`` of n ascending runs (e, per pair),
     ``ops.scatter_`` of ascending indices (w, per element)."""
     n, me, device = comm.world, comm.rank, comm.device
     mine, rates = {}, {}
     big_repeats = max(1, (repeats + 1) // 2)
 
-    def slope(run, wire_bytes_per_byte):
-        t_one = _median_time(lambda: run(message_bytes), big_repeats)
-        t_four = _median_time(lambda: run(4 * message_bytes), big_repeats)
-        return wire_bytes_per_byte * 3 * message_bytes / max(t_four - t_one, 1e-9)
+    unit = message_bytes
+
+    def slope(run):
+        """Bytes/s of ``run(b)`` (b bytes sent per rank) from the slope between b = unit and b = 4 unit."""
+        t_one = _median_time(lambda: run(unit), big_repeats)
+        t_four = _median_time(lambda: run(4 * unit), big_repeats)
+        return 3 * unit / max(t_four - t_one, 1e-9)
 
     if n > 1:
         mine["allgather"] = _median_time(lambda: comm.all_gather_rows([0]), repeats)
@@ -165,18 +173,20 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         mine["allreduce"] = _median_time(lambda: dist.all_reduce(one, group=comm.group), repeats)
         a2a_in = torch.zeros(8 * n, dtype=torch.uint8, device=device)
         a2a_out = torch.empty_like(a2a_in)
-        mine["alltoall"] = _median_time(lambda: dist.all_to_all_single(a2a_out, a2a_in, group=comm.group), repeats)
-        big = torch.zeros(4 * message_bytes // (4 * n) * (4 * n), dtype=torch.uint8, device=device)
+        mine["alltoall"] = _median_time(lambda: comm.all_to_all(a2a_out, a2a_in, [8] * n, [8] * n), repeats)
+        big = torch.zeros((unit * n // (n - 1) + 2) * 4, dtype=torch.uint8, device=device)  # 4 unit n/(n-1), in floats
         big_in = torch.empty_like(big)
         floats = big.view(torch.float32)
-        rates["allreduce"] = slope(lambda b: dist.all_reduce(floats[:b // 4], group=comm.group), 2 * (n - 1) / n)
-        rates["alltoall"] = slope(lambda b: dist.all_to_all_single(big_in[:b // n * n], big[:b // n * n],
-                                                                   group=comm.group), (n - 1) / n)
+        rates["allreduce"] = slope(lambda b: dist.all_reduce(floats[:b * n // (8 * (n - 1))], group=comm.group))
+        # All-to-all: b bytes to the n-1 peers.
+        piece = lambda b: b // (n - 1)  # noqa: E731
+        rates["alltoall"] = slope(lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n],
+                                                            [piece(b)] * n, [piece(b)] * n))
         peer = me ^ 1 if (me ^ 1) < n else None
         if peer is not None:  # (the last rank of an odd group sits this one out)
             small, small_in = big[:8], big_in[:8]
-            mine["p2p"] = _median_time(lambda: exchange(comm, [(peer, small)], [(peer, small_in)]), repeats)
-            rates["p2p"] = slope(lambda b: exchange(comm, [(peer, big[:b])], [(peer, big_in[:b])]), 1.0)
+            mine["p2p"] = _median_time(lambda: comm.exchange([(peer, small)], [(peer, small_in)]), repeats)
+            rates["p2p"] = slope(lambda b: comm.exchange([(peer, big[:b])], [(peer, big_in[:b])]))
     zeros = torch.zeros(1 << 22, device=device)
     memory_bandwidth = zeros.numel() * zeros.element_size() / _median_time(lambda: ops.nonzero(zeros), repeats)
     count = 1 << 18
@@ -195,12 +205,44 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     row = _encode(local)
     if n > 1 and "p2p" not in mine:
         row[1] = -1  # measured nothing point-to-point: no latency, and no p2p columns (already -1)
-    rows = comm.all_gather_rows(row).tolist()
+    profile = _decode(_median_rows(comm.all_gather_rows(row).tolist()))
+    if n == 1:
+        return profile
+    calibration = calibrate(comm, profile, repeats)
+    return dataclasses.replace(profile, calibration=tuple(zip(cost.TIME_FORMULAS, calibration)))
+
+
+def _median_rows(rows) -> list:
+    """Per column, the median of the ranks' non-negative values (-1 where none has one)."""
     agreed = []
     for column in zip(*rows):
         valid = [x for x in column if x >= 0]
         agreed.append(int(statistics.median_low(valid)) if valid else -1)
-    return _decode(agreed)
+    return agreed
+
+
+def calibrate(comm: Comm, profile: Profile, repeats: int = 5, numel: int = 1 << 16, density: float = 0.01) -> list:
+    """Seconds each scheme's formula misses on a small call (collective, on the lane): every scheme
+    all-reduces a random ``numel``-element tensor of ``density``; the miss is the median measured time minus
+    the formula's time for that call's measured workload, at least 0, median over the ranks. These fixed
+    costs (Python, the backend's per-message work, waiting for ranks that share cores) are what the
+    formulas' per-primitive latencies leave out; ``cost.predict_times`` adds them."""
+    from .collective import reduce_now
+    from .schemes import make_scheme
+
+    generator = torch.Generator().manual_seed(comm.rank)
+    x = torch.zeros(numel)
+    x[torch.randperm(numel, generator=generator)[:max(1, int(numel * density))]] = 1.0
+    x = x.to(comm.device)
+    indices, values = ops.nonzero(x)
+    workload, _ = measure_now(comm, comm.all_gather_rows, indices, values, numel, True, want_profile=False)
+    predicted = cost.predict_times(workload, profile)
+    misses = []
+    for name in cost.TIME_FORMULAS:
+        scheme = make_scheme(name)
+        measured = _median_time(lambda: reduce_now(comm, x.clone(), scheme), repeats)
+        misses.append(max(0, round((measured - predicted[name]) * _PS)))
+    return [v / _PS for v in _median_rows(comm.all_gather_rows(misses).tolist())]
 
 
 def probe_profile(group=None, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
@@ -286,16 +328,16 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
     p, steps = doubling_plan(n)
     levels = [0] * (steps + 1)
     if me >= p:
-        exchange(comm, [(me - p, bitmap)], [])
+        comm.exchange([(me - p, bitmap)], [])
     else:
         if me + p < n:
             other = torch.empty_like(bitmap)
-            exchange(comm, [], [(me + p, other)])
+            comm.exchange([], [(me + p, other)])
             bitmap = bitmap | other
         levels[0] = _popcount(bitmap)
         for s in range(steps):
             peer, other = me ^ (1 << s), torch.empty_like(bitmap)
-            exchange(comm, [(peer, bitmap)], [(peer, other)])
+            comm.exchange([(peer, bitmap)], [(peer, other)])
             bitmap = bitmap | other
             levels[s + 1] = _popcount(bitmap)
 

@@ -135,11 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> partition_cpu(
     int64_t num_probes, double table_factor, double serial_factor) {
   check_pair(indices, values);
   check_partitions(num_partitions);
-  TORCH_CHECK(num_probes >= 0 && num_probes <= 16, "num_probes must be in [0, 16], got ", num_probes);
-  // Bounded above: the table sizes are ceil(factor * count) cast to int64, which must not overflow.
-  TORCH_CHECK(table_factor >= 1.0 && table_factor <= 64.0, "table_factor must be in [1, 64] (slots per element), got ",
-              table_factor);
-  TORCH_CHECK(serial_factor >= 0.0 && serial_factor <= 64.0, "serial_factor must be in [0, 64], got ", serial_factor);
+  check_partition_settings(num_probes, table_factor, serial_factor);
   const int64_t nnz = indices.numel();
   const uint32_t n = static_cast<uint32_t>(num_partitions);
   auto part = at::empty({nnz}, indices.options().dtype(at::kInt));

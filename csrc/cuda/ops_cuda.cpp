@@ -100,9 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> partition_cuda(
   check_pair(indices, values);
   check_cuda(indices, "indices");
   check_partitions(num_partitions);
-  TORCH_CHECK(num_probes >= 0 && num_probes <= 16, "num_probes must be in [0, 16], got ", num_probes);
-  TORCH_CHECK(table_factor >= 1.0, "table_factor must be >= 1 (slots per element), got ", table_factor);
-  TORCH_CHECK(serial_factor >= 0.0, "serial_factor must be >= 0, got ", serial_factor);
+  check_partition_settings(num_probes, table_factor, serial_factor);
   const auto kind = value_kind(values.scalar_type(), "values");
   const c10::cuda::CUDAGuard guard(indices.device());
   const cudaStream_t stream = current_stream();

@@ -5,17 +5,15 @@
 3. sum: every rank sums all n pieces (``ops.aggregate``, rank 0's piece first, so all ranks compute the
    same floating-point sums) and writes the union.
 
-The gather is one ``all_to_all_single`` whose input is the rank's own piece repeated n times: each rank
-sends exactly its (n-1) k_r (s_i + s_v) bytes and receives sum_{q != r} k_q (s_i + s_v). A padded
-``all_gather`` would cost (n-1) k_max (s_i + s_v) on every rank (the design notes' formula) and gloo has no
-all-gather of uneven sizes; the repeated input costs n copies of the (small) local piece instead.
+The gather sends the rank's piece to every peer (``Comm.all_gather_bytes``): each rank sends exactly its
+(n-1) k_r (s_i + s_v) bytes and receives sum_{q != r} k_q (s_i + s_v). A padded ``all_gather`` would cost
+(n-1) k_max (s_i + s_v) on every rank (the design notes' formula), and gloo has no all-gather of uneven sizes.
 
 Cost: T = max_r max((n-1) k_r, sum_{q != r} k_q) (s_i + s_v) / b, which is (n-1) k (s_i + s_v) / b for equal
 k_r: it beats dense only when d < 2 s_v / (n (s_i + s_v)). Every rank holds all n pieces at once, which is
 why all-gather based sparse sync runs out of memory as workers grow.
 """
 import torch
-import torch.distributed as dist
 
 from .. import ops, wire
 from .base import Call, Scheme
@@ -40,7 +38,7 @@ class AllGatherSparse(Scheme):
 
         payload = wire.pack_coo(indices, values)
         gathered = torch.empty(sum(sizes), dtype=torch.uint8, device=payload.device)
-        dist.all_to_all_single(gathered, payload.repeat(n), sizes, [sizes[me]] * n, group=comm.group)
+        comm.all_gather_bytes(gathered, payload, sizes)
         del payload
 
         pieces = [wire.unpack_coo(buf, k, idx_dtype, val_dtype) for buf, k in zip(wire.split(gathered, sizes), nnz)]

@@ -105,7 +105,7 @@ class BalancedParallelism(Scheme):
         recv_counts = [counts[p][me] for p in range(n)]
         recv_splits = [wire.coo_bytes(c, si, sv) for c in recv_counts]
         recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=send.device)
-        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=comm.group)
+        comm.all_to_all(recv, send, recv_splits, send_splits)
         call.mark("push")
 
         # 4. aggregate my partition.
@@ -121,7 +121,7 @@ class BalancedParallelism(Scheme):
         sizes = self._exchange_pull_sizes(comm, union_idx.numel(), fmt, payload.numel())
         pull_splits = [s[2] for s in sizes]
         pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=payload.device)
-        dist.all_to_all_single(pulled, payload.repeat(n), pull_splits, [payload.numel()] * n, group=comm.group)
+        comm.all_gather_bytes(pulled, payload, pull_splits)
         call.mark("pull")
 
         union = sum(s[0] for s in sizes)

@@ -17,7 +17,6 @@ the heaviest owner's load over the mean, the heaviest rank moves
 with one non-zero element costs block_size values.
 """
 import torch
-import torch.distributed as dist
 
 from .. import ops, wire
 from .base import Call, Scheme
@@ -81,7 +80,7 @@ class OmniReduce(Scheme):
         del blocks
         recv_splits = [wire.blocks_bytes(counts[q][me], ranges[me], bs, sv) for q in range(n)]
         recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
-        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=comm.group)
+        comm.all_to_all(recv, send, recv_splits, send_splits)
         del send
 
         # sum my range, senders in rank order.
@@ -101,7 +100,7 @@ class OmniReduce(Scheme):
         union_counts = comm.all_gather_rows([union.numel()])[:, 0].tolist()
         pull_splits = [wire.blocks_bytes(c, ranges[w], bs, sv) for w, c in enumerate(union_counts)]
         pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=device)
-        dist.all_to_all_single(pulled, payload.repeat(n), pull_splits, [payload.numel()] * n, group=comm.group)
+        comm.all_gather_bytes(pulled, payload, pull_splits)
         call.stats.update(union_blocks=sum(union_counts),
                           bytes_sent=sum(send_splits) - send_splits[me] + (n - 1) * payload.numel())
         out = []

@@ -19,7 +19,6 @@ Cost (ZEN Eq. 2, power-of-two n): T = sum_{i=1..log2 n} min(gamma(2^(i-1)) M d (
 from typing import List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
 from .. import ops, wire
 from .base import Call, Scheme
@@ -31,17 +30,6 @@ def doubling_plan(n: int) -> Tuple[int, int]:
     while 2 * p <= n:
         p *= 2
     return p, p.bit_length() - 1
-
-
-def exchange(comm, sends: List[Tuple[int, torch.Tensor]], recvs: List[Tuple[int, torch.Tensor]]) -> None:
-    """Point-to-point: send each (group rank, tensor) of ``sends`` and fill each of ``recvs``, all posted at
-    once (``batch_isend_irecv``, so NCCL can pair them); empty tensors are not sent (both sides know)."""
-    group = comm.group
-    p2p = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, peer), group) for peer, t in sends if t.numel()]
-    p2p += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, peer), group) for peer, t in recvs if t.numel()]
-    if p2p:
-        for work in dist.batch_isend_irecv(p2p):
-            work.wait()
 
 
 class _Sum:
@@ -150,14 +138,14 @@ class SparCML(Scheme):
             receive = known is not False
             if send_header or (receive and known is None):
                 header_in = torch.empty(2, dtype=torch.int64, device=device)
-                exchange(comm, [(peer, wire.step_header(mine.count, mine.fmt, device))] if send_header else [],
+                comm.exchange([(peer, wire.step_header(mine.count, mine.fmt, device))] if send_header else [],
                          [(peer, header_in)] if receive and known is None else [])
                 if receive and known is None:
                     known = tuple(header_in.tolist())
                 sent[0] += 16 if send_header else 0
             payload = mine.pack() if mine is not None else None
             buf = recv_buffer(*known) if receive else None
-            exchange(comm, [(peer, payload)] if payload is not None else [], [(peer, buf)] if receive else [])
+            comm.exchange([(peer, payload)] if payload is not None else [], [(peer, buf)] if receive else [])
             if payload is not None:
                 sent[0] += payload.numel()
             return unpack(buf, *known) if receive else None

@@ -27,6 +27,15 @@ inline void check_partitions(int64_t n) {
   TORCH_CHECK(n >= 1 && n <= (1 << 20), "num_partitions must be in [1, 2^20], got ", n);
 }
 
+// The hierarchical hash's settings. Bounded above: the table sizes are ceil(factor * count) cast to
+// int64, which must not overflow.
+inline void check_partition_settings(int64_t num_probes, double table_factor, double serial_factor) {
+  TORCH_CHECK(num_probes >= 0 && num_probes <= 16, "num_probes must be in [0, 16], got ", num_probes);
+  TORCH_CHECK(table_factor >= 1.0 && table_factor <= 64.0, "table_factor must be in [1, 64] (slots per element), got ",
+              table_factor);
+  TORCH_CHECK(serial_factor >= 0.0 && serial_factor <= 64.0, "serial_factor must be in [0, 64], got ", serial_factor);
+}
+
 // Indices of a tensor with numel elements: int32 while every index fits, int64 from 2^31 elements on.
 inline at::ScalarType index_type_for(int64_t numel) {
   return numel > (int64_t{1} << 31) - 1 ? at::kLong : at::kInt;

@@ -1,0 +1,192 @@
+"""Sweeps of benchmarks/allreduce.py over world sizes and link rates: predicted vs measured, and scaling.
+
+    python benchmarks/sweep.py --out results/sweep                       # the cost model's accuracy (root)
+    python benchmarks/sweep.py --scaling --out results/scaling           # weak scaling, 2..16 ranks (root)
+
+Each (link rate, world size) is one run of allreduce.py on an emulated cluster (benchmarks/cluster.py),
+every scheme side by side on the same data, with the cost model's prediction for each (``zen.predict``,
+profile probed once per run). From the rows:
+
+    accuracy   per scheme, the mean absolute percentage error of the prediction over every cell
+               (MAPE = mean |predicted - measured| / measured), and per cell whether "auto" was within
+               10% of the fastest fixed scheme
+    scaling    (--scaling) the real-text workload at a fixed per-rank batch (weak scaling): each scheme's
+               time per world size and its efficiency against its own cost-model floor, predicted / measured
+
+Writes OUT.json (all rows), OUT.txt (the tables) and OUT.png (time vs world size, per link rate).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXED = ("dense", "agsparse", "sparcml", "omnireduce", "zen")
+
+
+def run_cell(args, world, bandwidth):
+    """One allreduce.py run on an emulated cluster; returns its rows, each tagged with the link rate."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        cmd = [sys.executable, os.path.join(HERE, "allreduce.py"), "--world", str(world), "--bandwidth", bandwidth,
+               "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out]
+        if args.scaling:
+            cmd += ["--workload", "text"]
+        else:
+            cmd += ["--sizes", args.sizes, "--densities", args.densities, "--workload", args.workload]
+        print(f"[sweep] {world} ranks at {bandwidth}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True)
+        with open(out) as f:
+            rows = json.load(f)
+    for row in rows:
+        row["bandwidth"] = bandwidth
+    return rows
+
+
+def repredict(rows):
+    """Recompute every row's predicted time from its stored workload and profile with the current
+    cost model (rows of one case share them)."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    from zen.cost import Profile, Workload, predict_times
+
+    for row in rows:
+        if row.get("workload") and row.get("profile"):
+            profile = dict(row["profile"])
+            profile["overheads"] = tuple(tuple(x) for x in profile["overheads"])
+            for key in ("rates", "calibration"):
+                profile[key] = tuple(tuple(x) for x in profile.get(key, ()))
+            times = predict_times(Workload(**row["workload"]), Profile(**profile))
+            row["time_predicted"] = times[row["scheme"]] if row["scheme"] in times else times["auto"]
+    return rows
+
+
+def cell_key(row):
+    return row["bandwidth"], row["world"], row["numel"], round(row["density"], 6)
+
+
+def accuracy_tables(rows):
+    """MAPE per scheme, and auto against the fastest fixed scheme per cell."""
+    lines = ["prediction error per scheme (over every cell of the sweep):",
+             f"{'scheme':>10} {'cells':>5} {'MAPE':>7} {'median APE':>10} {'worst APE':>9} {'bias':>7}"]
+    for scheme in FIXED + ("auto",):
+        errors = [(r["time_predicted"] - r["time_median"]) / r["time_median"] for r in rows if r["scheme"] == scheme]
+        if not errors:
+            continue
+        absolute = [abs(e) for e in errors]
+        lines.append(f"{scheme:>10} {len(errors):>5} {statistics.mean(absolute):>7.1%} "
+                     f"{statistics.median(absolute):>10.1%} {max(absolute):>9.1%} {statistics.mean(errors):>+7.1%}")
+    lines += ["", "auto against the fastest fixed scheme, per cell (measured medians, ms):",
+              f"{'link':>8} {'world':>5} {'numel':>9} {'density':>8} {'fastest':>10} {'ms':>8} {'auto ms':>8} "
+              f"{'auto/best':>9} {'predicted best':>14}"]
+    cells = {}
+    for r in rows:
+        cells.setdefault(cell_key(r), {})[r["scheme"]] = r
+    within = 0
+    for key in sorted(cells, key=lambda k: (k[0], k[1], k[2], k[3])):
+        by = cells[key]
+        fixed = {s: by[s] for s in FIXED if s in by}
+        if "auto" not in by or not fixed:
+            continue
+        best = min(fixed, key=lambda s: fixed[s]["time_median"])
+        predicted_best = min(fixed, key=lambda s: fixed[s]["time_predicted"])
+        ratio = by["auto"]["time_median"] / fixed[best]["time_median"]
+        within += ratio <= 1.1
+        lines.append(f"{key[0]:>8} {key[1]:>5} {key[2]:>9} {key[3]:>8.2%} {best:>10} "
+                     f"{fixed[best]['time_median'] * 1e3:>8.1f} {by['auto']['time_median'] * 1e3:>8.1f} "
+                     f"{ratio:>8.2f}x {predicted_best:>14}")
+    lines.append(f"auto within 10% of the fastest fixed scheme in {within} of {len(cells)} cells")
+    return "\n".join(lines)
+
+
+def scaling_table(rows):
+    """Weak scaling: time per world size and efficiency = predicted floor / measured."""
+    worlds = sorted({r["world"] for r in rows})
+    schemes = [s for s in FIXED + ("auto",) if any(r["scheme"] == s for r in rows)]
+    by = {(r["bandwidth"], r["world"], r["scheme"]): r for r in rows}
+    lines = []
+    for bandwidth in sorted({r["bandwidth"] for r in rows}):
+        lines += [f"weak scaling at {bandwidth}, real-text embedding gradient, fixed batch per rank: "
+                  "time ms (efficiency = cost-model floor / measured)",
+                  f"{'scheme':>10} " + " ".join(f"{f'{w} ranks':>17}" for w in worlds)]
+        for scheme in schemes:
+            cells = []
+            for w in worlds:
+                r = by.get((bandwidth, w, scheme))
+                cells.append(f"{'-':>17}" if r is None else
+                             f"{r['time_median'] * 1e3:>9.1f} ({r['time_predicted'] / r['time_median']:>4.0%})")
+            lines.append(f"{scheme:>10} " + " ".join(cells))
+        speedups = [by[(bandwidth, w, "zen")]["speedup_vs_dense"] for w in worlds if (bandwidth, w, "zen") in by]
+        lines.append(f"{'zen/dense':>10} " + " ".join(f"{s:>16.2f}x" for s in speedups))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    """Time vs world size per scheme, one panel per (link rate, numel, density) cell family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["bandwidth"], r["numel"], round(r["density"], 4)) for r in rows})
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.4 * nrows), squeeze=False)
+    for ax, (bandwidth, numel, density) in zip(axes.flat, panels):
+        for scheme in FIXED + ("auto",):
+            pts = sorted((r["world"], r["time_median"] * 1e3, r["time_predicted"] * 1e3) for r in rows
+                         if r["scheme"] == scheme and r["bandwidth"] == bandwidth and r["numel"] == numel
+                         and round(r["density"], 4) == density)
+            if pts:
+                line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=scheme)
+                ax.plot([p[0] for p in pts], [p[2] for p in pts], ls=":", color=line.get_color())
+        ax.set_title(f"{bandwidth}, M={numel}, d={density:.2%}", fontsize=9)
+        ax.set_xlabel("world size")
+        ax.set_ylabel("time ms (dotted: predicted)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--worlds", default=None, help="comma-separated world sizes (default 2,4,8; --scaling 2,4,8,16)")
+    p.add_argument("--bandwidths", default="100mbit,1gbit", help="comma-separated emulated link rates")
+    p.add_argument("--sizes", default="4M")
+    p.add_argument("--densities", default="0.001,0.01,0.1")
+    p.add_argument("--workload", default="uniform", choices=["uniform", "zipf"])
+    p.add_argument("--scaling", action="store_true", help="weak scaling on the real-text workload instead")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--out", required=True, help="output prefix: writes OUT.json, OUT.txt, OUT.png")
+    p.add_argument("--repredict", action="store_true",
+                   help="measure nothing: re-predict OUT.json's rows with the current cost model, rewrite the outputs")
+    args = p.parse_args(argv)
+    worlds = [int(w) for w in (args.worlds or ("2,4,8,16" if args.scaling else "2,4,8")).split(",")]
+    rows = []
+    if args.repredict:
+        with open(args.out + ".json") as f:
+            rows = repredict(json.load(f))
+    for bandwidth in [] if args.repredict else args.bandwidths.split(","):
+        for world in worlds:
+            rows += run_cell(args, world, bandwidth)
+            with open(args.out + ".json", "w") as f:  # kept up to date: a long sweep can be cut short
+                json.dump(rows, f, indent=1)
+    text = scaling_table(rows) if args.scaling else ""
+    text += accuracy_tables(rows)
+    print(text)
+    with open(args.out + ".txt", "w") as f:
+        f.write(f"$ python benchmarks/sweep.py {' '.join(argv if argv is not None else sys.argv[1:])}\n\n{text}\n")
+    plot(rows, args.out + ".png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
