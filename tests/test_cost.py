@@ -209,8 +209,10 @@ def test_memory():
     # zen's bitmap pull caches the index sets: M int32 indices
     dense_union = uniform(1 << 20, 8, 1 << 17, 8.0)
     assert cost.zen_memory(dense_union) >= (1 << 20) * 4
-    # the aggregate's table: next power of two >= 2 count slots of 16 bytes, 24 bytes per result
-    assert cost._aggregate_bytes(1000, 10) == 16 * 2048 + 240
+    # the aggregate's scratch: count indices and count sums (accumulated in at least 4 bytes), and the output
+    assert cost._aggregate_bytes(1000, 10, dense_union) == 1000 * (4 + 4) + 10 * (4 + 4)
+    half = uniform(1 << 20, 8, 1 << 17, 8.0, value_size=2)
+    assert cost._aggregate_bytes(1000, 10, half) == 1000 * (4 + 4) + 10 * (4 + 2)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -218,13 +218,10 @@ def _zen_pull_piece(count: float, w: Workload) -> float:
     return min(_coo(count, w), count * w.value_size + w.numel / w.n / 8.0)
 
 
-def _aggregate_bytes(count: float, unique: float) -> float:
-    """Peak bytes of ``ops.aggregate`` on ``count`` pairs with ``unique`` results: its open-addressing
-    table (key and entry, int64, next power of two >= 2 count slots) plus 24 bytes per unique index."""
-    slots = 16
-    while slots < 2 * count:
-        slots *= 2
-    return 16.0 * slots + 24.0 * unique
+def _aggregate_bytes(count: float, unique: float, w: Workload) -> float:
+    """Peak bytes of ``ops.aggregate`` on ``count`` pairs with ``unique`` results: its scratch (count indices
+    and count sums, in the accumulation type: at least 4 bytes) and its output (unique pairs)."""
+    return count * (w.index_size + max(w.value_size, 4)) + _coo(unique, w)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -382,19 +379,19 @@ def dense_memory(w: Workload) -> float:
 
 def agsparse_memory(w: Workload) -> float:
     """Local COO (k_r pairs), the repeated send buffer (n + 1 pieces), every rank's piece (sum k pairs, twice:
-    received and concatenated), the aggregate's table and the union: the all-gather's memory grows with n."""
+    received and concatenated), the aggregate's scratch and the union: the all-gather's memory grows with n."""
     n, k = w.n, w.nnz
     total = sum(k)
     local = max(_coo(x, w) for x in k)
     gather = (n + 1) * local + _coo(total, w)
-    reduce = _coo(total, w) * 2 + _aggregate_bytes(total, w.union) + _coo(w.union, w)
+    reduce = _coo(total, w) * 2 + _aggregate_bytes(total, w.union, w) + _coo(w.union, w)
     return local + max(gather, reduce)
 
 
 def zen_memory(w: Workload) -> float:
     """Local COO and its partitioned copy (k_r pairs each), the hash tables (2 k_r slots of int64 plus a
     tenth for the serial memory, order and partition ids: ~30 bytes per pair), the push buffers (send k_r,
-    receive and concatenate R_j pairs), the aggregate's table, the union U_j, the repeated pull piece
+    receive and concatenate R_j pairs), the aggregate's scratch, the union U_j, the repeated pull piece
     (n + 1 copies), the pulled union U, and the cached index sets I_j (M indices) when the bitmap is used."""
     n, c = w.n, w.hash_counts
     worst = 0.0
@@ -407,7 +404,7 @@ def zen_memory(w: Workload) -> float:
         partition = 2 * _coo(k, w) + (16 + 1.6 + 8 + 4) * k
         pull = (base + 2 * _coo(received, w) + _coo(w.hash_union[r], w) + (n + 1) * pieces[r]
                 + sum(pieces) + w.union * w.index_size)
-        aggregate = base + 2 * _coo(received, w) + _aggregate_bytes(received, w.hash_union[r])
+        aggregate = base + 2 * _coo(received, w) + _aggregate_bytes(received, w.hash_union[r], w)
         worst = max(worst, partition, pull, aggregate)
     if bitmap:
         worst += w.numel * w.index_size + 8 * (n + 1)
@@ -416,7 +413,7 @@ def zen_memory(w: Workload) -> float:
 
 def sparcml_memory(w: Workload) -> float:
     """Local COO, then per step: the running sum, the partner's (COO or dense), their concatenation, the
-    aggregate's table and the merged sum; dense sums cost M s_v each (three live at a dense merge)."""
+    aggregate's scratch and the merged sum; dense sums cost M s_v each (three live at a dense merge)."""
     dense = w.numel * w.value_size
     local = max(_coo(x, w) for x in w.nnz)
     worst = local
@@ -428,7 +425,7 @@ def sparcml_memory(w: Workload) -> float:
             if _sparcml_message(a, w) >= dense or _sparcml_message(b, w) >= dense or _coo(merged, w) > dense:
                 worst = max(worst, local + 3 * dense)
             else:
-                worst = max(worst, local + 2 * _coo(a + b, w) + _aggregate_bytes(a + b, merged) + _coo(merged, w))
+                worst = max(worst, local + 2 * _coo(a + b, w) + _aggregate_bytes(a + b, merged, w) + _coo(merged, w))
     return worst
 
 

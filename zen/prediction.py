@@ -152,7 +152,8 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
 
     Fixed costs: the median time of a tiny call of each primitive. Rates: bytes sent per rank per second,
     from the slope between sending ``message_bytes`` and 4x that (so TCP's ramp-up and the fixed cost cancel
-    out): a ring all-reduce (2 (n-1)/n bytes sent per byte reduced), an all-to-all, a pairwise exchange.
+    out): a ring all-reduce (2 (n-1)/n bytes sent per byte reduced; at most a ring step's rate), an
+    all-to-all, a pairwise exchange.
     Local: the non-zero scan of 16 MiB of zeros (mu), ``ops.aggregate`` of n ascending runs (e, per pair),
     ``ops.scatter_`` of ascending indices (w, per element)."""
     n, me, device = comm.world, comm.rank, comm.device
@@ -178,6 +179,13 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         big_in = torch.empty_like(big)
         floats = big.view(torch.float32)
         rates["allreduce"] = slope(lambda b: dist.all_reduce(floats[:b * n // (8 * (n - 1))], group=comm.group))
+        if n > 2:
+            # Shaped links refill their token buckets between the ring's 2 (n-1) steps, so small all-reduces
+            # overrate it (8 ranks at 1 Gbit/s: 238 MB/s); a ring step alone (to the right, from the left)
+            # bounds it.
+            right, left = (me + 1) % n, (me - 1) % n
+            ring_step = slope(lambda b: comm.exchange([(right, big[:b])], [(left, big_in[:b])]))
+            rates["allreduce"] = min(rates["allreduce"], ring_step)
         # All-to-all: b bytes to the n-1 peers.
         piece = lambda b: b // (n - 1)  # noqa: E731
         rates["alltoall"] = slope(lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n],

@@ -42,16 +42,18 @@ std::vector<int64_t> ascending_runs(const index_t* idx, int64_t count) {
 template <typename index_t, typename scalar_t>
 void aggregate(const index_t* idx, const scalar_t* val, int64_t count, at::Tensor& out_idx, at::Tensor& out_val) {
   using acc_t = at::opmath_type<scalar_t>;
-  std::vector<index_t> union_idx;
-  std::vector<acc_t> sums;
-  union_idx.reserve(count);
-  sums.reserve(count);
+  // Scratch as tensors (torch's allocator, visible to its memory profiler): count indices and sums.
+  at::Tensor idx_buf = at::empty({count}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
+  at::Tensor sum_buf = at::empty({count}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value));
+  index_t* union_idx = idx_buf.data_ptr<index_t>();
+  acc_t* sums = sum_buf.data_ptr<acc_t>();
+  int64_t unique = 0;
   auto add = [&](int64_t i) {
-    if (!union_idx.empty() && union_idx.back() == idx[i]) {
-      sums.back() += static_cast<acc_t>(val[i]);
+    if (unique > 0 && union_idx[unique - 1] == idx[i]) {
+      sums[unique - 1] += static_cast<acc_t>(val[i]);
     } else {
-      union_idx.push_back(idx[i]);
-      sums.push_back(static_cast<acc_t>(val[i]));
+      union_idx[unique] = idx[i];
+      sums[unique++] = static_cast<acc_t>(val[i]);
     }
   };
   const std::vector<int64_t> runs = ascending_runs(idx, count);
@@ -72,17 +74,14 @@ void aggregate(const index_t* idx, const scalar_t* val, int64_t count, at::Tenso
     }
   } else {
     // Unordered input (e.g. pieces from the hash-table partition): a stable sort by index.
-    std::vector<int64_t> order(count);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
-    for (int64_t i : order) add(i);
+    at::Tensor order_buf = at::arange(count, at::TensorOptions().dtype(at::kLong));
+    int64_t* order = order_buf.data_ptr<int64_t>();
+    std::stable_sort(order, order + count, [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
+    for (int64_t k = 0; k < count; ++k) add(order[k]);
   }
-  const int64_t unique = static_cast<int64_t>(sums.size());
-  out_idx = at::empty({unique}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
-  out_val = at::empty({unique}, at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value));
-  std::copy(union_idx.begin(), union_idx.end(), out_idx.data_ptr<index_t>());
-  auto* ov = out_val.data_ptr<scalar_t>();
-  for (int64_t u = 0; u < unique; ++u) ov[u] = static_cast<scalar_t>(sums[u]);
+  out_idx = idx_buf.narrow(0, 0, unique).clone();
+  out_val = sum_buf.narrow(0, 0, unique).to(c10::CppTypeToScalarType<scalar_t>::value, /*non_blocking=*/false,
+                                            /*copy=*/true);
 }
 
 std::tuple<at::Tensor, at::Tensor> aggregate_cpu(const at::Tensor& indices, const at::Tensor& values, int64_t numel,
