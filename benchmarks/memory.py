@@ -4,8 +4,8 @@
     python benchmarks/memory.py --world 8 --sizes 16M --densities 0.01
 
 Measured: the peak, over one call, of the bytes held by the tensors the call allocates (torch's profiler:
-each op's own allocations minus frees, and the frees outside ops, in start order; so at the granularity of
-one op), on each rank, the largest over the ranks. The call runs on the calling thread (``zen.collective.reduce_now``) so the profiler sees all of it,
+each op's own allocations minus frees, a gain at the op's start and a loss at its end, and the frees
+outside ops), on each rank, the largest over the ranks. The call runs on the calling thread (``zen.collective.reduce_now``) so the profiler sees all of it,
 cold (the first call of the scheme on the group: zen's cached index sets I_j are allocated inside it, and
 counted, as the prediction counts them). The input tensor itself is not counted, by either.
 """
@@ -27,9 +27,16 @@ def peak_bytes(fn) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+    # Each op's own net allocation (its children report theirs): a gain counts from the op's start, a loss
+    # (scratch freed inside the op) at its end; "[memory]" events are frees outside any op.
+    steps = []
+    for event in prof.events():
+        delta = event.self_cpu_memory_usage
+        if delta:
+            steps.append((event.time_range.start if delta > 0 else event.time_range.end, delta))
     live = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += event.self_cpu_memory_usage  # what the op itself allocated minus freed; "[memory]": outside ops
+    for _, delta in sorted(steps):
+        live += delta
         peak = max(peak, live)
     return peak
 
@@ -71,9 +78,9 @@ def main(argv=None):
     print(f"extra memory per rank, {args.world} ranks (MiB; ratio = predicted / measured peak)")
     print(f"{'numel':>9} {'density':>8} {'scheme':>10} {'predicted':>10} {'measured':>10} {'ratio':>6}")
     for r in rows:
-        ratio = r["predicted"] / r["measured"] if r["measured"] else float("nan")
+        ratio = f"{r['predicted'] / r['measured']:.2f}" if r["measured"] else "-"
         print(f"{r['numel']:>9} {r['density']:>8.2%} {r['scheme']:>10} {r['predicted'] / 2**20:>10.2f} "
-              f"{r['measured'] / 2**20:>10.2f} {ratio:>6.2f}")
+              f"{r['measured'] / 2**20:>10.2f} {ratio:>6}")
     return 0
 
 

@@ -378,13 +378,14 @@ def dense_memory(w: Workload) -> float:
 
 
 def agsparse_memory(w: Workload) -> float:
-    """Local COO (k_r pairs), the repeated send buffer (n + 1 pieces), every rank's piece (sum k pairs, twice:
-    received and concatenated), the aggregate's scratch and the union: the all-gather's memory grows with n."""
+    """Local COO (k_r pairs); the gather: the packed piece, its n copies sent and every rank's piece received
+    (sum k pairs); then the sum: the received pieces, their concatenation, the aggregate's scratch and the
+    union. The gathered pieces grow with n: why all-gather based sync runs out of memory as workers grow."""
     n, k = w.n, w.nnz
     total = sum(k)
     local = max(_coo(x, w) for x in k)
     gather = (n + 1) * local + _coo(total, w)
-    reduce = _coo(total, w) * 2 + _aggregate_bytes(total, w.union, w) + _coo(w.union, w)
+    reduce = 2 * _coo(total, w) + _aggregate_bytes(total, w.union, w)
     return local + max(gather, reduce)
 
 
@@ -412,20 +413,21 @@ def zen_memory(w: Workload) -> float:
 
 
 def sparcml_memory(w: Workload) -> float:
-    """Local COO, then per step: the running sum, the partner's (COO or dense), their concatenation, the
-    aggregate's scratch and the merged sum; dense sums cost M s_v each (three live at a dense merge)."""
+    """At each merge of running sums a (this rank's) and b (the partner's): a, the received b, their
+    concatenation, the aggregate's scratch and the merged sum (COO); a merge with a dense side holds three
+    dense sums of M s_v. Merges: the fold (rank p + i into core rank i), then one per doubling step."""
     dense = w.numel * w.value_size
-    local = max(_coo(x, w) for x in w.nnz)
-    worst = local
-    levels = [list(w.nnz)] + [list(level) for level in w.doubling_unions]
-    for level in levels:
-        for a in level:
-            b = max(level)
-            merged = min(w.numel, a + b)
-            if _sparcml_message(a, w) >= dense or _sparcml_message(b, w) >= dense or _coo(merged, w) > dense:
-                worst = max(worst, local + 3 * dense)
-            else:
-                worst = max(worst, local + 2 * _coo(a + b, w) + _aggregate_bytes(a + b, merged, w) + _coo(merged, w))
+    k, levels = w.nnz, w.doubling_unions
+    pw = len(levels[0])  # core ranks
+    merges = [(k[i], k[pw + i], levels[0][i]) for i in range(w.n - pw)]
+    merges += [(level[g], level[g ^ 1], levels[s + 1][g >> 1]) for s, level in enumerate(levels[:-1])
+               for g in range(len(level))]
+    worst = max(_coo(x, w) for x in k)
+    for a, b, merged in merges:
+        if _sparcml_message(a, w) >= dense or _sparcml_message(b, w) >= dense or _coo(merged, w) > dense:
+            worst = max(worst, 3 * dense)
+        else:
+            worst = max(worst, _coo(a, w) + _coo(b, w) + _coo(a + b, w) + _aggregate_bytes(a + b, merged, w))
     return worst
 
 
