@@ -1,5 +1,6 @@
 """``zen.all_reduce``: the entry point with the contract of ``torch.distributed.all_reduce(op=SUM)``."""
 import datetime
+import math
 import threading
 from typing import List, Optional, Tuple, Union
 
@@ -147,20 +148,25 @@ def _reduce(call: Call, scheme, tensor: torch.Tensor) -> None:
         tensor.copy_(flat.view(tensor.shape))
 
 
+def sparse_to_flat(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(indices, values) of a coalesced sparse COO tensor over its flat index space: entry (row, column)
+    of its sparse dims x dense dims is flat index row * D + column, D the dense dims' size."""
+    row_numel = math.prod(t.shape[t.sparse_dim():])
+    rows = torch.zeros(t.indices().shape[1], dtype=torch.int64, device=t.device)
+    for dim, size in enumerate(t.shape[:t.sparse_dim()]):
+        rows = rows * size + t.indices()[dim]
+    flat_idx = (rows[:, None] * row_numel + torch.arange(row_numel, device=t.device)).reshape(-1)
+    return flat_idx, t.values().reshape(-1)
+
+
 def reduce_sparse_coo(call: Call, scheme, tensor: torch.Tensor) -> None:
     """A sparse COO tensor (e.g. the gradient of ``nn.Embedding(sparse=True)``): its entries become flat
     indices row * D + column over its sparse dims x dense dims, are reduced as COO, and the union is
     written back into ``tensor`` (still sparse)."""
     t = tensor.coalesce()
     sparse_shape = t.shape[:t.sparse_dim()]
-    row_numel = 1
-    for size in t.shape[t.sparse_dim():]:
-        row_numel *= size
-    rows = torch.zeros(t.indices().shape[1], dtype=torch.int64, device=t.device)
-    for dim, size in enumerate(sparse_shape):
-        rows = rows * size + t.indices()[dim]
-    flat_idx = (rows[:, None] * row_numel + torch.arange(row_numel, device=t.device)).reshape(-1)
-    flat_val = t.values().reshape(-1)
+    row_numel = math.prod(t.shape[t.sparse_dim():])
+    flat_idx, flat_val = sparse_to_flat(t)
     pieces = scheme.reduce_coo(call, flat_idx, flat_val, tensor.numel())
     idx = torch.cat([p[0].to(torch.int64) for p in pieces]) if pieces else flat_idx[:0]
     val = torch.cat([p[1] for p in pieces]) if pieces else flat_val[:0]

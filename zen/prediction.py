@@ -294,15 +294,9 @@ def _indices_of(bitmap: torch.Tensor, first_byte: int):
 def flat_coo(tensor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, bool]:
     """(indices, values, dense_input) of a strided or sparse COO tensor over its flat index space."""
     if tensor.layout == torch.sparse_coo:
-        t = tensor.coalesce()
-        row_numel = 1
-        for size in t.shape[t.sparse_dim():]:
-            row_numel *= size
-        rows = torch.zeros(t.indices().shape[1], dtype=torch.int64, device=t.device)
-        for dim, size in enumerate(t.shape[:t.sparse_dim()]):
-            rows = rows * size + t.indices()[dim]
-        idx = (rows[:, None] * row_numel + torch.arange(row_numel, device=t.device)).reshape(-1)
-        return idx, t.values().reshape(-1), False
+        from .collective import sparse_to_flat
+
+        return sparse_to_flat(tensor.coalesce()) + (False,)
     indices, values = ops.nonzero(tensor.contiguous().view(-1))
     return indices, values, True
 
