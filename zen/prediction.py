@@ -155,15 +155,14 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     out): a ring all-reduce (2 (n-1)/n bytes sent per byte reduced; at most a ring step's rate), an
     all-to-all, a pairwise exchange.
     Local: the non-zero scan of 16 MiB of zeros (mu), ``ops.aggregate`` of n ascending runs (e, per pair),
-    ``ops.scatter_`` of ascending indices (w, per element)."""
+    ``ops.scatter_`` of ascending indices (w, per element). Then, on the agreed profile, :func:`calibrate`."""
     n, me, device = comm.world, comm.rank, comm.device
     mine, rates = {}, {}
     big_repeats = max(1, (repeats + 1) // 2)
-
     unit = message_bytes
 
     def slope(run):
-        """Bytes/s of ``run(b)`` (b bytes sent per rank) from the slope between b = unit and b = 4 unit."""
+        """Bytes/s of ``run(b)`` (b bytes sent per rank), from the slope between b = unit and b = 4 unit."""
         t_one = _median_time(lambda: run(unit), big_repeats)
         t_four = _median_time(lambda: run(4 * unit), big_repeats)
         return 3 * unit / max(t_four - t_one, 1e-9)

@@ -5,8 +5,8 @@
 3. sum: every rank sums all n pieces (``ops.aggregate``, rank 0's piece first, so all ranks compute the
    same floating-point sums) and writes the union.
 
-The gather sends the rank's piece to every peer (``Comm.all_gather_bytes``): each rank sends exactly its
-(n-1) k_r (s_i + s_v) bytes and receives sum_{q != r} k_q (s_i + s_v). A padded ``all_gather`` would cost
+The gather is an all-to-all of n copies of the rank's piece (``Comm.all_gather_bytes``): each rank sends
+exactly its (n-1) k_r (s_i + s_v) bytes and receives sum_{q != r} k_q (s_i + s_v). A padded ``all_gather`` would cost
 (n-1) k_max (s_i + s_v) on every rank (the design notes' formula), and gloo has no all-gather of uneven sizes.
 
 Cost: T = max_r max((n-1) k_r, sum_{q != r} k_q) (s_i + s_v) / b, which is (n-1) k (s_i + s_v) / b for equal
