@@ -44,6 +44,7 @@ def peak_bytes(fn) -> int:
 def run(rank, world, args):
     import workloads
     import zen
+    from allreduce import parse_size
     from zen.collective import reduce_now
     from zen.comm import get_comm
     from zen.schemes import make_scheme
@@ -51,7 +52,7 @@ def run(rank, world, args):
     comm = get_comm(None)
     rows = []
     for size in args.sizes.split(","):
-        numel = int(float(size[:-1]) * {"k": 1e3, "M": 1e6}[size[-1]]) if size[-1] in "kM" else int(size)
+        numel = parse_size(size)
         for density in (float(d) for d in args.densities.split(",")):
             x0 = workloads.uniform(numel, density, rank, 0, torch.float32)
             predicted = zen.predict_memory(x0)
