@@ -21,7 +21,9 @@ PROFILE = dict(bandwidth=125e6, latency=50e-6)  # 1 Gbit/s, 50 us
 # (kind, numel, density) of tests/cases.py, plus "rows": a Zipf-skewed embedding gradient (whole rows).
 CASES = ([(kind, 1000, 0.05) for kind in KINDS]
          + [("uniform", 30011, 0.6), ("skewed", 30011, 0.01), ("uniform", 7, 0.5), ("edges", 1, 1.0),
-            ("edges", 777, 0.0), ("rows", 4096, 0.0)])
+            ("edges", 777, 0.0), ("rows", 4096, 0.0),
+            # pieces past zen.comm.DUPLEX_ALL_TO_ALL_BYTES at every world size: gloo's two-group transport
+            ("uniform", 600_000, 0.9)])
 
 
 def make_case(kind, numel, density, rank, world, seed, dtype=torch.float32, exact=True):
@@ -98,12 +100,44 @@ def _run_exactness(rank, world):
                                                        ("skewed", 30011, 0.01)]):
             run(f"{scheme.name}{vars(scheme)}/{kind}", make_case(kind, numel, density, rank, world, seed), scheme)
 
+    failures += _check_transport(rank, world)
+
     if world == 4:  # subgroups: point-to-point peers are group ranks, mapped to global ranks
         evens, odds = dist.new_group([0, 2]), dist.new_group([1, 3])
         mine = evens if rank % 2 == 0 else odds
         for scheme in SCHEMES:
             run(f"{scheme}/subgroup", make("skewed", 5000, 0.05, rank, world, 13), scheme, group=mine)
     return failures, digests
+
+
+def _check_transport(rank, world):
+    """zen's all-to-all (both of gloo's transports) and pairwise exchange against torch's all-to-all, with
+    uneven and empty pieces."""
+    import torch.distributed as dist
+
+    from zen.comm import DUPLEX_ALL_TO_ALL_BYTES, get_comm
+
+    comm, failures = get_comm(), []
+    for scale in (8, DUPLEX_ALL_TO_ALL_BYTES):
+        size = lambda src, dst: 0 if (src + 2 * dst) % 3 == 0 else scale + 7 * src + dst  # noqa: E731
+        send_splits = [size(rank, j) for j in range(world)]
+        recv_splits = [size(q, rank) for q in range(world)]
+        send = torch.randint(0, 256, (sum(send_splits),), dtype=torch.uint8)
+        want = torch.empty(sum(recv_splits), dtype=torch.uint8)
+        dist.all_to_all_single(want, send, recv_splits, send_splits)
+        got = torch.empty_like(want)
+        largest = max(size(q, j) for q in range(world) for j in range(world) if q != j) if world > 1 else 0
+        comm.submit(lambda: comm.all_to_all(got, send, recv_splits, send_splits, largest)).wait()
+        if not torch.equal(got, want):
+            failures.append(f"all_to_all, pieces of about {scale} bytes: wrong bytes")
+    if world > 1:  # a ring of 3 MB messages: each rank sends right and receives from the left
+        right, left = (rank + 1) % world, (rank - 1) % world
+        mine = torch.full((3 << 18,), float(rank))
+        theirs = torch.empty_like(mine)
+        comm.submit(lambda: comm.exchange([(right, mine)], [(left, theirs)])).wait()
+        if not torch.equal(theirs, torch.full_like(mine, float(left))):
+            failures.append("exchange: wrong message from the left")
+    return failures
 
 
 def _run_predict_and_auto(rank, world):

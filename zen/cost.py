@@ -6,8 +6,8 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
 
     b      bandwidth per rank and direction, bytes/s (links are full duplex: a rank sends and receives at b);
            b_ar, b_a2a, b_p2p: what a ring all-reduce, an all-to-all and a pairwise exchange reach per rank
-           (measured by the probe; they differ on real transports: on gloo/TCP a connection that carries
-           data both ways reaches about half of b); b where not measured
+           (measured by the probe; they differ on real transports: on gloo/TCP an all-to-all reaches
+           60-95% of b, depending on the number of peers); b where not measured
     alpha  latency of one message step, s
     mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
     e      time per pair of the hashing and merging kernels (partition, aggregate), s

@@ -105,7 +105,8 @@ class BalancedParallelism(Scheme):
         recv_counts = [counts[p][me] for p in range(n)]
         recv_splits = [wire.coo_bytes(c, si, sv) for c in recv_counts]
         recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=send.device)
-        comm.all_to_all(recv, send, recv_splits, send_splits)
+        largest = max((counts[p][j] for p in range(n) for j in range(n) if p != j), default=0)
+        comm.all_to_all(recv, send, recv_splits, send_splits, largest=wire.coo_bytes(largest, si, sv))
         call.mark("push")
 
         # 4. aggregate my partition.

@@ -80,7 +80,9 @@ class OmniReduce(Scheme):
         del blocks
         recv_splits = [wire.blocks_bytes(counts[q][me], ranges[me], bs, sv) for q in range(n)]
         recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
-        comm.all_to_all(recv, send, recv_splits, send_splits)
+        largest = max((wire.blocks_bytes(counts[q][w], ranges[w], bs, sv)
+                       for q in range(n) for w in range(n) if q != w), default=0)
+        comm.all_to_all(recv, send, recv_splits, send_splits, largest=largest)
         del send
 
         # sum my range, senders in rank order.
