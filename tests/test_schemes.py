@@ -126,7 +126,7 @@ def _check_transport(rank, world):
         want = torch.empty(sum(recv_splits), dtype=torch.uint8)
         dist.all_to_all_single(want, send, recv_splits, send_splits)
         got = torch.empty_like(want)
-        largest = max(size(q, j) for q in range(world) for j in range(world) if q != j) if world > 1 else 0
+        largest = max((size(q, j) for q in range(world) for j in range(world) if q != j), default=0)
         comm.submit(lambda: comm.all_to_all(got, send, recv_splits, send_splits, largest)).wait()
         if not torch.equal(got, want):
             failures.append(f"all_to_all, pieces of about {scale} bytes: wrong bytes")

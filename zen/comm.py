@@ -3,10 +3,11 @@ the cache of hash-bitmap index sets, and the agreement step that makes every ran
 
 Why a private group: zen runs collectives from a worker thread (so communication overlaps backward);
 sharing the user's group with the main thread (DDP's own collectives, the user's) could interleave
-differently on different ranks. On gloo there are two: gloo carries a pair's messages on one socket and
-moves them one direction at a time, so zen sends from the lower group rank to the higher on one group and
-back on the other (a pair then exchanges at the full link rate each way, not half of it). Its timeout is the user's group's (or the one given to ``ZenState``), so
-a dead or stalled peer surfaces within the timeout the user chose. Why one worker thread per group (the
+differently on different ranks. Its timeout is the user's group's (or the one given to ``ZenState``), so
+a dead or stalled peer surfaces within the timeout the user chose. On gloo there are two such groups: gloo
+carries a pair's messages on one socket and moves them one direction at a time, so zen sends from the lower
+group rank to the higher on one group and back on the other (a pair then exchanges at the full link rate
+each way, not half of it). Why one worker thread per group (the
 lane): every rank must issue its collectives in the same order, and a FIFO of jobs keeps the order in
 which they were submitted.
 

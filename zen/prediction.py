@@ -161,7 +161,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     big_repeats = max(1, (repeats + 1) // 2)
     unit = message_bytes
 
-    def slope(run):
+    def slope(run, unit=unit):
         """Bytes/s of ``run(b)`` (b bytes sent per rank), from the slope between b = unit and b = 4 unit."""
         t_one = _median_time(lambda: run(unit), big_repeats)
         t_four = _median_time(lambda: run(4 * unit), big_repeats)
@@ -174,7 +174,10 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         a2a_in = torch.zeros(8 * n, dtype=torch.uint8, device=device)
         a2a_out = torch.empty_like(a2a_in)
         mine["alltoall"] = _median_time(lambda: comm.all_to_all(a2a_out, a2a_in, [8] * n, [8] * n, 8), repeats)
-        big = torch.zeros((unit * n // (n - 1) + 2) * 4, dtype=torch.uint8, device=device)  # 4 unit n/(n-1), in floats
+        # All-to-all pieces of at least DUPLEX_ALL_TO_ALL_BYTES: large all-to-alls' transport
+        # (``Comm.all_to_all``) at both ends of the slope.
+        a2a_unit = max(unit, DUPLEX_ALL_TO_ALL_BYTES * (n - 1))
+        big = torch.zeros((a2a_unit * n // (n - 1) + 2) * 4, dtype=torch.uint8, device=device)  # 4 a2a_unit n/(n-1) bytes
         big_in = torch.empty_like(big)
         floats = big.view(torch.float32)
         rates["allreduce"] = slope(lambda b: dist.all_reduce(floats[:b * n // (8 * (n - 1))], group=comm.group))
@@ -185,15 +188,10 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
             right, left = (me + 1) % n, (me - 1) % n
             ring_step = slope(lambda b: comm.exchange([(right, big[:b])], [(left, big_in[:b])]))
             rates["allreduce"] = min(rates["allreduce"], ring_step)
-        # All-to-all: b bytes to the n-1 peers, in pieces large enough for the transport that carries
-        # large all-to-alls (``Comm.all_to_all``) at both ends of the slope.
-        piece_unit = max(unit // (n - 1), DUPLEX_ALL_TO_ALL_BYTES)
-        a2a_big = torch.zeros(4 * piece_unit * n, dtype=torch.uint8, device=device)
-        a2a_big_in = torch.empty_like(a2a_big)
-        a2a = lambda piece: comm.all_to_all(a2a_big_in[:piece * n], a2a_big[:piece * n],  # noqa: E731
-                                            [piece] * n, [piece] * n, piece)
-        t_one, t_four = (_median_time(lambda: a2a(piece_unit * k), big_repeats) for k in (1, 4))
-        rates["alltoall"] = 3 * piece_unit * (n - 1) / max(t_four - t_one, 1e-9)
+        # All-to-all: b bytes to the n-1 peers.
+        piece = lambda b: b // (n - 1)  # noqa: E731
+        rates["alltoall"] = slope(lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n],
+                                                            [piece(b)] * n, [piece(b)] * n, piece(b)), a2a_unit)
         peer = me ^ 1 if (me ^ 1) < n else None
         if peer is not None:  # (the last rank of an odd group sits this one out)
             small, small_in = big[:8], big_in[:8]
