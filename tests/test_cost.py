@@ -14,7 +14,9 @@ from zen.planner import embedding_workload, expected_distinct, main, workload_fr
 from zen.prediction import parse_rate, parse_time
 
 B = 1e9  # bytes/s
-WIRE_ONLY = Profile(bandwidth=B, latency=0.0, memory_bandwidth=1e300, element_time=0.0, write_time=0.0)
+NO_LOCAL = dict(memory_bandwidth=1e300, element_time=0.0, write_time=0.0, merge_time=0.0, encode_time=0.0,
+                decode_time=0.0)
+WIRE_ONLY = Profile(bandwidth=B, latency=0.0, **NO_LOCAL)
 
 
 def agree_bytes(n, ints):
@@ -53,7 +55,7 @@ def test_measured_rates_replace_the_bandwidth_per_primitive():
     """A primitive's measured rate replaces b in its wire term only (the agreement's all-gather keeps b)."""
     n, k = 4, 2000
     w = uniform(10**6, n, k, 2.0)
-    slow_a2a = Profile(bandwidth=B, latency=0.0, memory_bandwidth=1e300, element_time=0.0, write_time=0.0,
+    slow_a2a = Profile(bandwidth=B, latency=0.0, **NO_LOCAL,
                        rates=(("alltoall", B / 2), ("allreduce", B / 4), ("p2p", B / 8)))
     assert cost.agsparse_time(w, slow_a2a) == pytest.approx(2 * (n - 1) * k * 8 / B + agree_bytes(n, 1), rel=1e-12)
     assert cost.dense_time(w, slow_a2a) == pytest.approx(4 * 2 * 3 / 4 * 4e6 / B + agree_bytes(n, 0), rel=1e-12)
@@ -65,7 +67,7 @@ def test_measured_rates_replace_the_bandwidth_per_primitive():
 
 def test_calibration_adds_each_schemes_missed_fixed_cost():
     w = uniform(10**6, 4, 2000, 2.0)
-    calibrated = Profile(bandwidth=B, latency=0.0, memory_bandwidth=1e300, element_time=0.0, write_time=0.0,
+    calibrated = Profile(bandwidth=B, latency=0.0, **NO_LOCAL,
                          calibration=(("zen", 0.5), ("dense", 0.25)))
     base, shifted = predict_times(w, WIRE_ONLY), predict_times(w, calibrated)
     assert shifted["zen"] == pytest.approx(base["zen"] + 0.5, rel=1e-12)
@@ -119,7 +121,7 @@ def test_sparcml_folds_the_extra_ranks():
     expected = (k * 8 + 2 * k * 8 + 3 * k * 8) / B
     assert cost.sparcml_time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(3, 1), rel=1e-12)
     alpha = 1e-5
-    with_latency = Profile(bandwidth=B, latency=alpha, memory_bandwidth=1e300, element_time=0.0, write_time=0.0)
+    with_latency = Profile(bandwidth=B, latency=alpha, **NO_LOCAL)
     # agreement ring (2 alpha), fold (1), step with header (2), unfold with header (2)
     assert cost.sparcml_time(w, with_latency) == pytest.approx(expected + agree_bytes(3, 1) + 7 * alpha, rel=1e-9)
 
@@ -152,7 +154,7 @@ def test_latency_terms_count_message_steps():
 
 def test_local_terms():
     """The non-zero scan reads the tensor: M s_v / mu; a COO input skips it."""
-    slow_memory = Profile(bandwidth=1e300, latency=0.0, memory_bandwidth=1e6, element_time=0.0, write_time=0.0)
+    slow_memory = Profile(bandwidth=1e300, latency=0.0, **dict(NO_LOCAL, memory_bandwidth=1e6))
     w = uniform(10**6, 1, 1000, 1.0)
     assert cost.agsparse_time(w, slow_memory) == pytest.approx(4e6 / 1e6)
     w.dense_input = False

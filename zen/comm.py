@@ -21,6 +21,7 @@ How failures surface:
   every later call on it raises :class:`BrokenGroupError` at once, queued calls included, instead of
   waiting behind a protocol that can no longer line up.
 """
+import atexit
 import datetime
 import os
 import queue
@@ -394,6 +395,14 @@ def describe(field: str, value: int, schemes) -> str:
 
 _comms = {}
 _comms_lock = threading.Lock()
+
+
+@atexit.register
+def _forget_comms() -> None:
+    """Drop zen's groups while the interpreter is whole: left to its final teardown, a gloo group whose
+    peers already exited (a script that ends with destroy_process_group) could abort the process."""
+    with _comms_lock:
+        _comms.clear()
 
 
 def get_comm(group=None, timeout=None) -> Optional[Comm]:

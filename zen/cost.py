@@ -10,8 +10,11 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
            60-95% of b, depending on the number of peers); b where not measured
     alpha  latency of one message step, s
     mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
-    e      time per pair of the hashing and merging kernels (partition, aggregate), s
-    w      time per element written or decoded at random positions (scatter, bitmap decode), s
+    e      time per pair of the hashing kernels (zen's partition, OmniReduce's block ids), s
+    m      time per pair merged by ``ops.aggregate`` (zen's aggregate, agsparse's sum, SparCML's merges), s
+    w      time per element written at ascending positions (the scan's output, scatter, decoded indices), s
+    x_e    time per element of an index set I_j walked by the hash bitmap's encode, s
+    x_d    the same for its decode, s
 
 Wire terms. A collective finishes when its most loaded link does: an all-to-all in which rank r sends S_r
 and receives R_r bytes takes  c_a2a + max_r max(S_r, R_r) / b_a2a;  a ring all-gather of R bytes per rank
@@ -21,9 +24,11 @@ measured by the probe (``zen.predict``), or, for a profile given as (b, alpha), 
 c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p = alpha (all pairs at once).
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
-Local terms. Finding the non-zeros of a dense tensor reads all of it: M s_v / mu. Hashing and aggregating
-cost e per pair, scattering into the output and decoding a bitmap w per element; copies and dense adds
-cost their bytes / mu.
+Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + k_r w.
+Hashing costs e per pair, merging m per pair, scattering into the output w per element, encoding or decoding
+a hash bitmap x_e or x_d per element of its index set I_j (|I_j| ~ M/n); copies and dense adds cost their bytes / mu.
+The probe measures e, m, w, x_e, x_d and mu with every rank running the kernel at once (the way a call runs them),
+so ranks that share a host's cores or memory bandwidth show in them.
 
 Closed forms (equal k_r, balanced partitions, no latency, no local terms), which the functions below reduce
 to and the tests check:
@@ -87,6 +92,9 @@ class Profile:
     memory_bandwidth: float = 10e9
     element_time: float = 5e-9
     write_time: float = 2e-9
+    merge_time: float = 20e-9
+    encode_time: float = 2e-9
+    decode_time: float = 1e-9
     call_overhead: float = 0.0
     overheads: tuple = ()
     rates: tuple = ()
@@ -99,10 +107,9 @@ class Profile:
             raise ValueError(f"Profile: latency must be >= 0 s; got {self.latency!r}")
         if not self.memory_bandwidth > 0:
             raise ValueError(f"Profile: memory_bandwidth must be > 0 bytes/s; got {self.memory_bandwidth!r}")
-        if not self.element_time >= 0:
-            raise ValueError(f"Profile: element_time must be >= 0 s; got {self.element_time!r}")
-        if not self.write_time >= 0:
-            raise ValueError(f"Profile: write_time must be >= 0 s; got {self.write_time!r}")
+        for name in ("element_time", "write_time", "merge_time", "encode_time", "decode_time"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"Profile: {name} must be >= 0 s; got {getattr(self, name)!r}")
         if not all(rate > 0 for _, rate in self.rates):
             raise ValueError(f"Profile: rates must be > 0 bytes/s; got {self.rates!r}")
 
@@ -190,8 +197,8 @@ def _agree(extra_ints: int, w: Workload, p: Profile) -> float:
 
 
 def _scan(w: Workload, p: Profile) -> float:
-    """Finding the non-zeros of a dense tensor: M s_v / mu (0 for COO input)."""
-    return w.numel * w.value_size / p.memory_bandwidth if w.dense_input else 0.0
+    """Finding the non-zeros of a dense tensor: M s_v / mu + k_r w (0 for COO input)."""
+    return w.numel * w.value_size / p.memory_bandwidth + max(w.nnz) * p.write_time if w.dense_input else 0.0
 
 
 def _write_back(count: float, w: Workload, p: Profile) -> float:
@@ -241,20 +248,21 @@ def dense_time(w: Workload, p: Profile) -> float:
 
 def agsparse_time(w: Workload, p: Profile) -> float:
     """Agreement (k_r), all-to-all of the repeated COO pieces (rank r sends (n-1) k_r (s_i + s_v) and
-    receives sum_{q != r} k_q (s_i + s_v)), the local sum of all n k pairs, the write-back of U."""
+    receives sum_{q != r} k_q (s_i + s_v)), the local sum of all n k pairs (m each), the write-back of U."""
     n, k = w.n, w.nnz
     t = p.call_overhead + _scan(w, p) + _agree(1, w, p)
     if n > 1 and sum(k) > 0:
         t += _alltoall([(n - 1) * _coo(x, w) for x in k], [_coo(_others(k, r), w) for r in range(n)], w, p)
-        t += n * _coo(max(k), w) / p.memory_bandwidth + sum(k) * p.element_time
+        t += n * _coo(max(k), w) / p.memory_bandwidth + sum(k) * p.merge_time
     return t + _write_back(w.union, w, p)
 
 
 def zen_time(w: Workload, p: Profile) -> float:
     """Balanced Parallelism: hash partition (e k_r), agreement (n counts), push all-to-all (rank r sends
-    its pieces for the other partitions, receives theirs for its own), aggregate (e per received pair),
-    pull-size all-gather, pull all-to-all of the repeated pieces (COO or hash bitmap, whichever smaller),
-    decode (w per element) and write-back of U."""
+    its pieces for the other partitions, receives theirs for its own), aggregate (m per received pair),
+    encode (x_e |I_r| where the bitmap wins), pull-size all-gather, pull all-to-all of the repeated pieces
+    (COO or hash bitmap, whichever smaller), decode (x_d |I_j| per bitmap piece, its writes included)
+    and write-back of U."""
     n, c = w.n, w.hash_counts
     t = p.call_overhead + _scan(w, p) + max(w.nnz) * p.element_time + _agree(n, w, p)
     if n <= 1:
@@ -263,20 +271,20 @@ def zen_time(w: Workload, p: Profile) -> float:
     recv = [sum(_coo(c[q][r], w) for q in range(n) if q != r) for r in range(n)]
     received = [sum(c[q][r] for q in range(n)) for r in range(n)]
     t += max(_coo(x, w) for x in w.nnz) / p.memory_bandwidth + _alltoall(send, recv, w, p)
-    t += max(received) * p.element_time
+    t += max(received) * p.merge_time
     pieces = [_zen_pull_piece(u, w) for u in w.hash_union]
-    t += _allgather(3, w, p)
+    bitmaps = sum(x < _coo(u, w) for x, u in zip(pieces, w.hash_union))
+    index_set = w.numel / n  # |I_j|: encoding or decoding a bitmap walks it
+    t += (index_set * p.encode_time if bitmaps else 0.0) + _allgather(3, w, p)
     t += _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p)
-    t += n * max(pieces) / p.memory_bandwidth + w.union * p.write_time
-    if any(x < _coo(u, w) for x, u in zip(pieces, w.hash_union)):
-        t += w.numel / 8.0 / p.memory_bandwidth  # bitmap decode reads |I_j| bits per piece
+    t += n * max(pieces) / p.memory_bandwidth + bitmaps * index_set * p.decode_time
     return t + _write_back(w.union, w, p)
 
 
 def sparcml_time(w: Workload, p: Profile) -> float:
     """SparCML: agreement (k_r); fold of the n - 2^L extra ranks; L = floor(log2 n) doubling steps, step s
     moving the largest running union of level s (COO, or dense past break-even) plus a step header where
-    the size is not known; merges (e per merged pair, or dense adds: 2 M s_v / mu); unfold of the union."""
+    the size is not known; merges (m per merged pair, or dense adds: 2 M s_v / mu); unfold of the union."""
     n, k = w.n, w.nnz
     pw = 1
     while 2 * pw <= n:
@@ -289,7 +297,7 @@ def sparcml_time(w: Workload, p: Profile) -> float:
         both = a + b
         if _sparcml_message(a, w) >= dense_bytes_ or _sparcml_message(b, w) >= dense_bytes_:
             return 2 * dense_bytes_ / p.memory_bandwidth
-        return both * p.element_time + (dense_bytes_ / p.memory_bandwidth if _coo(both, w) > dense_bytes_ else 0.0)
+        return both * p.merge_time + (dense_bytes_ / p.memory_bandwidth if _coo(both, w) > dense_bytes_ else 0.0)
 
     rate = p.rate("p2p")
     if folded:

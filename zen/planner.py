@@ -191,7 +191,13 @@ def main(argv=None) -> int:
     parser.add_argument("--bandwidth", required=True, help="per rank, e.g. 1gbit, 25gbit, 10GB/s")
     parser.add_argument("--latency", required=True, help="per message, e.g. 50us")
     parser.add_argument("--memory-bandwidth", default="10GB/s", help="local streaming kernels (default 10GB/s)")
-    parser.add_argument("--element-time", default="5ns", help="per element of hashing/aggregation (default 5ns)")
+    parser.add_argument("--element-time", default="5ns", help="per pair hashed (default 5ns)")
+    parser.add_argument("--merge-time", default="20ns", help="per pair merged by the aggregation (default 20ns)")
+    parser.add_argument("--write-time", default="2ns", help="per element written at ascending positions (default 2ns)")
+    parser.add_argument("--encode-time", default="2ns",
+                        help="per element of an index set walked by the hash bitmap's encode (default 2ns)")
+    parser.add_argument("--decode-time", default="1ns",
+                        help="per element of an index set walked by the hash bitmap's decode (default 1ns)")
     parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
     parser.add_argument("--block-size", type=int, default=256, help="OmniReduce's block (default 256)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -205,7 +211,9 @@ def main(argv=None) -> int:
     try:
         profile = Profile(bandwidth=parse_rate(args.bandwidth), latency=parse_time(args.latency),
                           memory_bandwidth=parse_rate(args.memory_bandwidth),
-                          element_time=parse_time(args.element_time))
+                          element_time=parse_time(args.element_time), merge_time=parse_time(args.merge_time),
+                          write_time=parse_time(args.write_time), encode_time=parse_time(args.encode_time),
+                          decode_time=parse_time(args.decode_time))
     except ValueError as error:
         parser.error(str(error))
 

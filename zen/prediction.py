@@ -81,7 +81,8 @@ def _key(group):
 
 
 def set_profile(group=None, profile: Optional[Profile] = None, *, bandwidth=None, latency=None,
-                memory_bandwidth=None, element_time=None, write_time=None) -> Profile:
+                memory_bandwidth=None, element_time=None, write_time=None, merge_time=None,
+                encode_time=None, decode_time=None) -> Profile:
     """Use ``profile`` (or one built from bandwidth, latency, ...) for ``group`` instead of the probe.
     Local (no collective); rank 0's profile is the one every rank uses. Strings are parsed ('1gbit', '50us').
     Returns the profile set."""
@@ -91,10 +92,11 @@ def set_profile(group=None, profile: Optional[Profile] = None, *, bandwidth=None
         fields = dict(bandwidth=parse_rate(bandwidth), latency=parse_time(latency))
         if memory_bandwidth is not None:
             fields["memory_bandwidth"] = parse_rate(memory_bandwidth)
-        if element_time is not None:
-            fields["element_time"] = parse_time(element_time)
-        if write_time is not None:
-            fields["write_time"] = parse_time(write_time)
+        times = dict(element_time=element_time, write_time=write_time, merge_time=merge_time,
+                     encode_time=encode_time, decode_time=decode_time)
+        for name, value in times.items():
+            if value is not None:
+                fields[name] = parse_time(value)
         profile = Profile(**fields)
     _profiles[_key(group)] = profile
     return profile
@@ -110,7 +112,8 @@ def clear_profile(group=None) -> None:
 
 
 RATES = ("allreduce", "alltoall", "p2p")
-_FIELDS = 6  # bandwidth, latency, memory_bandwidth, element_time, write_time, call_overhead
+_FIELDS = 9  # bandwidth, latency, memory_bandwidth, element_time, write_time, call_overhead, merge_time,
+#             encode_time, decode_time
 
 
 def _encode(p: Optional[Profile]) -> list:
@@ -120,7 +123,8 @@ def _encode(p: Optional[Profile]) -> list:
         return [0] * (_FIELDS + len(PRIMITIVES) + len(RATES) + len(schemes))
     overheads, rates, calibration = dict(p.overheads), dict(p.rates), dict(p.calibration)
     return ([int(p.bandwidth), round(p.latency * _PS), int(p.memory_bandwidth), round(p.element_time * _PS),
-             round(p.write_time * _PS), round(p.call_overhead * _PS)]
+             round(p.write_time * _PS), round(p.call_overhead * _PS), round(p.merge_time * _PS),
+             round(p.encode_time * _PS), round(p.decode_time * _PS)]
             + [round(overheads[k] * _PS) if k in overheads else -1 for k in PRIMITIVES]
             + [int(rates[k]) if k in rates else -1 for k in RATES]
             + [round(calibration[k] * _PS) if k in calibration else -1 for k in schemes])
@@ -131,6 +135,7 @@ def _decode(row) -> Profile:
     a, b = _FIELDS + len(PRIMITIVES), _FIELDS + len(PRIMITIVES) + len(RATES)
     return Profile(bandwidth=float(row[0]), latency=row[1] / _PS, memory_bandwidth=float(row[2]),
                    element_time=row[3] / _PS, write_time=row[4] / _PS, call_overhead=row[5] / _PS,
+                   merge_time=row[6] / _PS, encode_time=row[7] / _PS, decode_time=row[8] / _PS,
                    overheads=tuple((k, v / _PS) for k, v in zip(PRIMITIVES, row[_FIELDS:a]) if v >= 0),
                    rates=tuple((k, float(v)) for k, v in zip(RATES, row[a:b]) if v > 0),
                    calibration=tuple((k, v / _PS) for k, v in zip(cost.TIME_FORMULAS, row[b:]) if v >= 0))
@@ -154,8 +159,8 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     from the slope between sending ``message_bytes`` and 4x that (so TCP's ramp-up and the fixed cost cancel
     out): a ring all-reduce (2 (n-1)/n bytes sent per byte reduced; at most a ring step's rate), an
     all-to-all, a pairwise exchange.
-    Local: the non-zero scan of 16 MiB of zeros (mu), ``ops.aggregate`` of n ascending runs (e, per pair),
-    ``ops.scatter_`` of ascending indices (w, per element). Then, on the agreed profile, :func:`calibrate`."""
+    Local: zen's kernels, every rank at once (:func:`_probe_kernels`). Then, on the agreed profile,
+    :func:`calibrate`."""
     n, me, device = comm.world, comm.rank, comm.device
     mine, rates = {}, {}
     big_repeats = max(1, (repeats + 1) // 2)
@@ -197,20 +202,11 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
             small, small_in = big[:8], big_in[:8]
             mine["p2p"] = _median_time(lambda: comm.exchange([(peer, small)], [(peer, small_in)]), repeats)
             rates["p2p"] = slope(lambda b: comm.exchange([(peer, big[:b])], [(peer, big_in[:b])]))
-    zeros = torch.zeros(1 << 22, device=device)
-    memory_bandwidth = zeros.numel() * zeros.element_size() / _median_time(lambda: ops.nonzero(zeros), repeats)
-    count = 1 << 18
-    runs = [torch.sort(torch.randperm(count * 8, device=device)[:count // max(n, 2)]).values for _ in range(max(n, 2))]
-    idx = torch.cat(runs).to(torch.int32)
-    val = torch.ones(idx.numel(), device=device)
-    element_time = _median_time(lambda: ops.aggregate(idx, val, count * 8), repeats) / idx.numel()
-    written = runs[0].to(torch.int32)
-    write_time = _median_time(lambda: ops.scatter_(zeros, written, val[:written.numel()]), repeats) / written.numel()
+    local = _probe_kernels(comm, repeats)
     with ThreadPoolExecutor(max_workers=1) as pool:
         hop = _median_time(lambda: pool.submit(lambda: None).result(), repeats)
-    local = Profile(bandwidth=max(rates.values(), default=memory_bandwidth), latency=mine.get("p2p", 0.0),
-                    memory_bandwidth=memory_bandwidth, element_time=element_time, write_time=write_time,
-                    call_overhead=hop, overheads=tuple((k, mine[k]) for k in PRIMITIVES if k in mine),
+    local = Profile(bandwidth=max(rates.values(), default=local["memory_bandwidth"]), latency=mine.get("p2p", 0.0),
+                    call_overhead=hop, **local, overheads=tuple((k, mine[k]) for k in PRIMITIVES if k in mine),
                     rates=tuple(rates.items()))
     row = _encode(local)
     if n > 1 and "p2p" not in mine:
@@ -220,6 +216,54 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         return profile
     calibration = calibrate(comm, profile, repeats)
     return dataclasses.replace(profile, calibration=tuple(zip(cost.TIME_FORMULAS, calibration)))
+
+
+def _together_time(comm: Comm, fn, repeats: int) -> float:
+    """Seconds of ``fn()`` run by every rank at once, as a call's local phases run: per repeat, the
+    slowest rank's time after a common start; the median over the repeats (the same on every rank)."""
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        comm.all_gather_rows([0])  # the common start
+        start = time.perf_counter()
+        fn()
+        times.append(round((time.perf_counter() - start) * _PS))
+    slowest = comm.all_gather_rows(times).max(dim=0).values.tolist()
+    return statistics.median(slowest) / _PS
+
+
+def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
+    """The local terms of :class:`zen.cost.Profile`, from zen's kernels on a ``numel``-element float tensor
+    (16 MiB: past most caches once a few ranks share a host), every rank at once (:func:`_together_time`):
+    the non-zero scan of zeros (mu), the hash partition (e) and the aggregate of n ascending runs of one
+    partition (m) of numel / 16 pairs, the scatter of numel / 8 ascending indices (w), and the hash bitmap's
+    encode (x_e) and decode (x_d) of a quarter of the index set I_0 (per element of I_0)."""
+    n, device = max(comm.world, 2), comm.device
+    probes = 3 if torch.device(device).type == "cuda" else 0  # as BalancedParallelism picks
+    generator = torch.Generator().manual_seed(comm.seed + comm.rank)
+    zeros = torch.zeros(numel, device=device)
+    count = numel // 16
+    idx = torch.randperm(numel, generator=generator)[:count].to(device=device, dtype=torch.int32)
+    val = torch.zeros(numel // 8, device=device)  # zeros: the scatter must leave the scanned tensor zero
+    ascending = torch.sort(idx).values
+    mine = ops.hash_partition(idx, n, comm.seed) == 0
+    runs = torch.cat([torch.sort(part).values for part in idx[mine].chunk(n)])
+    sets, offsets = ops.bitmap_index_sets(numel, n, comm.seed, device)
+    index_set = sets[offsets[0]:offsets[1]]
+    subset = index_set[torch.randperm(index_set.numel(), generator=generator)[:index_set.numel() // 4].sort().values]
+    bitmap = ops.bitmap_encode(subset, index_set)
+    written = torch.sort(torch.randperm(numel, generator=generator)[:numel // 8]).values.to(device=device,
+                                                                                          dtype=torch.int32)
+
+    def per(fn, items):
+        return _together_time(comm, fn, repeats) / items
+
+    return dict(memory_bandwidth=numel * zeros.element_size() / _together_time(comm, lambda: ops.nonzero(zeros), repeats),
+                element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
+                merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
+                write_time=per(lambda: ops.scatter_(zeros, written, val), written.numel()),
+                encode_time=per(lambda: ops.bitmap_encode(subset, index_set), index_set.numel()),
+                decode_time=per(lambda: ops.bitmap_decode(bitmap, index_set, subset.numel()), index_set.numel()))
 
 
 def _median_rows(rows) -> list:
