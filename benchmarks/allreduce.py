@@ -108,11 +108,12 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     dist.all_reduce(nnz)
     # What zen.predict(x0) does, keeping its inputs for the JSON (so a sweep can be re-predicted offline).
     workload = profile = None
-    predicted = {}
+    predicted, predicted_phases = {}, {}
     if not args.no_predict:
         workload = prediction.measure(x0)
         profile = prediction.cached_profile() or prediction.probe_profile()
         predicted = cost.predict_times(workload, profile)
+        predicted_phases = {k: v * 1e3 for k, v in cost.zen_phases(workload, profile).items()}
     tol = TOLERANCE[x0.dtype]
     truth_max = truth.abs().max().item()
     # A fresh "auto" per case, as in a new job: it measures on its first call (a warm-up round) and keeps its
@@ -168,6 +169,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "bytes_sent": b.item() / world, "wrong": int(w.item()),
             "time_predicted": predicted.get(scheme, float("nan")),
             "phases_ms": {p: v * 1e3 / world for p, v in zip(names, mine.tolist())},
+            "phases_predicted_ms": predicted_phases if scheme == "zen" else {},
             "profile": None if profile is None else dataclasses.asdict(profile),
             "workload": None if workload is None else dataclasses.asdict(workload),
         })
@@ -200,9 +202,11 @@ def format_table(rows):
                      f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}")
     phased = [r for r in rows if r.get("phases_ms")]
     if phased:
-        lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians):"]
+        lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians; zen: measured/predicted):"]
         for r in phased:
-            parts = "  ".join(f"{p} {v:.2f}" for p, v in r["phases_ms"].items())
+            predicted = r.get("phases_predicted_ms") or {}
+            parts = "  ".join(f"{p} {v:.2f}" + (f"/{predicted[p]:.2f}" if p in predicted else "")
+                              for p, v in r["phases_ms"].items())
             lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['scheme']:>10}  {parts}")
     return "\n".join(lines)
 

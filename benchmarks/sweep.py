@@ -50,7 +50,7 @@ def repredict(rows):
     """Recompute every row's predicted time from its stored workload and profile with the current
     cost model (rows of one case share them)."""
     sys.path.insert(0, os.path.dirname(HERE))
-    from zen.cost import Profile, Workload, predict_times
+    from zen.cost import Profile, Workload, predict_times, zen_phases
 
     for row in rows:
         if row.get("workload") and row.get("profile"):
@@ -58,8 +58,11 @@ def repredict(rows):
             profile["overheads"] = tuple(tuple(x) for x in profile["overheads"])
             for key in ("rates", "calibration"):
                 profile[key] = tuple(tuple(x) for x in profile.get(key, ()))
-            times = predict_times(Workload(**row["workload"]), Profile(**profile))
+            workload, profile = Workload(**row["workload"]), Profile(**profile)
+            times = predict_times(workload, profile)
             row["time_predicted"] = times[row["scheme"]] if row["scheme"] in times else times["auto"]
+            if row["scheme"] == "zen":
+                row["phases_predicted_ms"] = {k: v * 1e3 for k, v in zen_phases(workload, profile).items()}
     return rows
 
 
@@ -98,6 +101,24 @@ def accuracy_tables(rows):
                      f"{fixed[best]['time_median'] * 1e3:>8.1f} {by['auto']['time_median'] * 1e3:>8.1f} "
                      f"{ratio:>8.2f}x {predicted_best:>14}")
     lines.append(f"auto within 10% of the fastest fixed scheme in {within} of {len(cells)} cells")
+    return "\n".join(lines)
+
+
+def phase_table(rows):
+    """zen's phases, measured (mean over ranks) against predicted, summed over the cells of each world size."""
+    zen = [r for r in rows if r["scheme"] == "zen" and r.get("phases_ms") and r.get("phases_predicted_ms")]
+    if not zen:
+        return ""
+    worlds = sorted({r["world"] for r in zen})
+    lines = ["", "zen's phases: measured / predicted ms, summed over the cells of each world size:",
+             f"{'phase':>10} " + " ".join(f"{f'{w} ranks':>17}" for w in worlds)]
+    for phase in zen[0]["phases_ms"]:
+        cells = []
+        for w in worlds:
+            measured = sum(r["phases_ms"].get(phase, 0.0) for r in zen if r["world"] == w)
+            predicted = sum(r["phases_predicted_ms"].get(phase, 0.0) for r in zen if r["world"] == w)
+            cells.append(f"{measured:>8.1f} / {predicted:>6.1f}")
+        lines.append(f"{phase:>10} " + " ".join(cells))
     return "\n".join(lines)
 
 
@@ -180,7 +201,7 @@ def main(argv=None):
             with open(args.out + ".json", "w") as f:  # kept up to date: a long sweep can be cut short
                 json.dump(rows, f, indent=1)
     text = scaling_table(rows) if args.scaling else ""
-    text += accuracy_tables(rows)
+    text += accuracy_tables(rows) + "\n" + phase_table(rows)
     print(text)
     with open(args.out + ".txt", "w") as f:
         f.write(f"$ python benchmarks/sweep.py {' '.join(argv if argv is not None else sys.argv[1:])}\n\n{text}\n")

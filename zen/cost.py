@@ -257,28 +257,36 @@ def agsparse_time(w: Workload, p: Profile) -> float:
     return t + _write_back(w.union, w, p)
 
 
-def zen_time(w: Workload, p: Profile) -> float:
-    """Balanced Parallelism: hash partition (e k_r), agreement (n counts), push all-to-all (rank r sends
-    its pieces for the other partitions, receives theirs for its own), aggregate (m per received pair),
-    encode (x_e |I_r| where the bitmap wins), pull-size all-gather, pull all-to-all of the repeated pieces
-    (COO or hash bitmap, whichever smaller), decode (x_d |I_j| per bitmap piece, its writes included)
-    and write-back of U."""
+def zen_phases(w: Workload, p: Profile) -> Dict[str, float]:
+    """Balanced Parallelism, phase by phase (the phases a call records in ``stats["phases"]``): scan;
+    hash partition (e k_r); agreement (n counts); push: packing and the all-to-all (rank r sends its pieces
+    for the other partitions, receives theirs for its own); aggregate (m per received pair); encode
+    (x_e |I_r| where the bitmap wins); pull: the sizes' all-gather and the all-to-all of the repeated
+    pieces (COO or hash bitmap, whichever smaller); decode (x_d |I_j| per bitmap piece, its writes
+    included); scatter: the write-back of U."""
     n, c = w.n, w.hash_counts
-    t = p.call_overhead + _scan(w, p) + max(w.nnz) * p.element_time + _agree(n, w, p)
+    phases = dict(scan=_scan(w, p), partition=max(w.nnz) * p.element_time, agree=_agree(n, w, p))
     if n <= 1:
-        return t + _write_back(w.union, w, p)
+        return dict(phases, scatter=_write_back(w.union, w, p))
     send = [sum(_coo(c[r][j], w) for j in range(n) if j != r) for r in range(n)]
     recv = [sum(_coo(c[q][r], w) for q in range(n) if q != r) for r in range(n)]
     received = [sum(c[q][r] for q in range(n)) for r in range(n)]
-    t += max(_coo(x, w) for x in w.nnz) / p.memory_bandwidth + _alltoall(send, recv, w, p)
-    t += max(received) * p.merge_time
+    phases["push"] = max(_coo(x, w) for x in w.nnz) / p.memory_bandwidth + _alltoall(send, recv, w, p)
+    phases["aggregate"] = max(received) * p.merge_time
     pieces = [_zen_pull_piece(u, w) for u in w.hash_union]
     bitmaps = sum(x < _coo(u, w) for x, u in zip(pieces, w.hash_union))
     index_set = w.numel / n  # |I_j|: encoding or decoding a bitmap walks it
-    t += (index_set * p.encode_time if bitmaps else 0.0) + _allgather(3, w, p)
-    t += _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p)
-    t += n * max(pieces) / p.memory_bandwidth + bitmaps * index_set * p.decode_time
-    return t + _write_back(w.union, w, p)
+    phases["encode"] = index_set * p.encode_time if bitmaps else 0.0
+    phases["pull"] = (_allgather(3, w, p) + n * max(pieces) / p.memory_bandwidth
+                      + _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p))
+    phases["decode"] = bitmaps * index_set * p.decode_time
+    phases["scatter"] = _write_back(w.union, w, p)
+    return phases
+
+
+def zen_time(w: Workload, p: Profile) -> float:
+    """Balanced Parallelism: the call's fixed cost and the sum of :func:`zen_phases`."""
+    return p.call_overhead + sum(zen_phases(w, p).values())
 
 
 def sparcml_time(w: Workload, p: Profile) -> float:
