@@ -16,9 +16,9 @@ of two) and one all-gather of counts:
 * bytes per index and per value from the dtypes;
 
 and combine them with the group's :class:`zen.cost.Profile`: set by :func:`set_profile`, or measured once
-per group by :func:`probe_profile` (a second or so at 1 Gbit/s: small collectives for the fixed costs, 1 and
-4 MiB all-reduces, all-to-alls and pairwise exchanges for the rates (the slope), and the local kernels;
-see :func:`probe_now`) and cached. All ranks use rank 0's profile, so they all
+per group by :func:`probe_profile` (a few seconds: small collectives for the fixed costs; all-reduces,
+all-to-alls and pairwise exchanges of u and 4 u bytes for the rates (the slope), u of 1-8 MiB; the local
+kernels; see :func:`probe_now`) and cached. All ranks use rank 0's profile, so they all
 compute the same predictions.
 :func:`measure` returns the measured :class:`zen.cost.Workload` itself, for offline use with
 :func:`zen.cost.predict_times` under other profiles.
@@ -41,6 +41,7 @@ from .schemes.sparcml import doubling_plan
 
 PRIMITIVES = ("allgather", "allreduce", "alltoall", "p2p")
 _PS = 1e12  # profile times travel as integer picoseconds
+RATE_SECONDS = 0.03  # the probe's rate measurements grow their messages until one takes this long
 _profiles = {}  # group (or WORLD) -> Profile
 
 
@@ -156,21 +157,26 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     Every rank measures; the result is the per-field median over the ranks (the same on every rank).
 
     Fixed costs: the median time of a tiny call of each primitive. Rates: bytes sent per rank per second,
-    from the slope between sending ``message_bytes`` and 4x that (so TCP's ramp-up and the fixed cost cancel
-    out): a ring all-reduce (2 (n-1)/n bytes sent per byte reduced; at most a ring step's rate), an
-    all-to-all, a pairwise exchange.
+    from the slope between sending u and 4 u bytes (so TCP's ramp-up and the fixed cost cancel out), u
+    from ``message_bytes`` doubled (up to 8x) until one send of u takes ``RATE_SECONDS`` on the slowest
+    rank (so a few ms of jitter stay small beside the slope's difference): a ring all-reduce (2 (n-1)/n
+    bytes sent per byte reduced; at most a ring step's rate), an all-to-all, a pairwise exchange.
     Local: zen's kernels, every rank at once (:func:`_probe_kernels`). Then, on the agreed profile,
     :func:`calibrate`."""
     n, me, device = comm.world, comm.rank, comm.device
     mine, rates = {}, {}
-    big_repeats = max(1, (repeats + 1) // 2)
     unit = message_bytes
 
-    def slope(run, unit=unit):
-        """Bytes/s of ``run(b)`` (b bytes sent per rank), from the slope between b = unit and b = 4 unit."""
-        t_one = _median_time(lambda: run(unit), big_repeats)
-        t_four = _median_time(lambda: run(4 * unit), big_repeats)
-        return 3 * unit / max(t_four - t_one, 1e-9)
+    def slope(run, unit, grow=True):
+        """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank), from the slope between b = unit and
+        b = 4 unit; with ``grow`` (a collective), unit doubles alike on every rank (the slowest decides)."""
+        t_one = _median_time(lambda: run(unit), repeats)
+        while (grow and 2 * unit <= largest_unit
+               and comm.all_gather_rows([round(t_one * _PS)]).max() < RATE_SECONDS * _PS):
+            unit *= 2
+            t_one = _median_time(lambda: run(unit), repeats)
+        t_four = _median_time(lambda: run(4 * unit), repeats)
+        return 3 * unit / max(t_four - t_one, 1e-9), unit
 
     if n > 1:
         mine["allgather"] = _median_time(lambda: comm.all_gather_rows([0]), repeats)
@@ -182,26 +188,30 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         # All-to-all pieces of at least DUPLEX_ALL_TO_ALL_BYTES: large all-to-alls' transport
         # (``Comm.all_to_all``) at both ends of the slope.
         a2a_unit = max(unit, DUPLEX_ALL_TO_ALL_BYTES * (n - 1))
-        big = torch.zeros((a2a_unit * n // (n - 1) + 2) * 4, dtype=torch.uint8, device=device)  # 4 a2a_unit n/(n-1) bytes
+        largest_unit = max(8 * unit, a2a_unit)
+        big = torch.zeros((largest_unit * n // (n - 1) + 2) * 4, dtype=torch.uint8, device=device)  # 4 units n/(n-1)
         big_in = torch.empty_like(big)
         floats = big.view(torch.float32)
-        rates["allreduce"] = slope(lambda b: dist.all_reduce(floats[:b * n // (8 * (n - 1))], group=comm.group))
+        rates["allreduce"], unit = slope(lambda b: dist.all_reduce(floats[:b * n // (8 * (n - 1))], group=comm.group),
+                                         unit)
         if n > 2:
             # Shaped links refill their token buckets between the ring's 2 (n-1) steps, so small all-reduces
             # overrate it (8 ranks at 1 Gbit/s: 238 MB/s); a ring step alone (to the right, from the left)
             # bounds it.
             right, left = (me + 1) % n, (me - 1) % n
-            ring_step = slope(lambda b: comm.exchange([(right, big[:b])], [(left, big_in[:b])]))
+            ring_step, _ = slope(lambda b: comm.exchange([(right, big[:b])], [(left, big_in[:b])]), unit)
             rates["allreduce"] = min(rates["allreduce"], ring_step)
         # All-to-all: b bytes to the n-1 peers.
         piece = lambda b: b // (n - 1)  # noqa: E731
-        rates["alltoall"] = slope(lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n],
-                                                            [piece(b)] * n, [piece(b)] * n, piece(b)), a2a_unit)
+        rates["alltoall"], _ = slope(lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n],
+                                                               [piece(b)] * n, [piece(b)] * n, piece(b)),
+                                     max(unit, a2a_unit))
         peer = me ^ 1 if (me ^ 1) < n else None
         if peer is not None:  # (the last rank of an odd group sits this one out)
             small, small_in = big[:8], big_in[:8]
             mine["p2p"] = _median_time(lambda: comm.exchange([(peer, small)], [(peer, small_in)]), repeats)
-            rates["p2p"] = slope(lambda b: comm.exchange([(peer, big[:b])], [(peer, big_in[:b])]))
+            # at the all-reduce's unit: a pair alone cannot agree with the others on growing it
+            rates["p2p"], _ = slope(lambda b: comm.exchange([(peer, big[:b])], [(peer, big_in[:b])]), unit, grow=False)
     local = _probe_kernels(comm, repeats)
     with ThreadPoolExecutor(max_workers=1) as pool:
         hop = _median_time(lambda: pool.submit(lambda: None).result(), repeats)
@@ -258,7 +268,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     def per(fn, items):
         return _together_time(comm, fn, repeats) / items
 
-    return dict(memory_bandwidth=numel * zeros.element_size() / _together_time(comm, lambda: ops.nonzero(zeros), repeats),
+    return dict(memory_bandwidth=1.0 / per(lambda: ops.nonzero(zeros), numel * zeros.element_size()),
                 element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
                 merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
                 write_time=per(lambda: ops.scatter_(zeros, written, val), written.numel()),
@@ -277,8 +287,9 @@ def _median_rows(rows) -> list:
 
 def calibrate(comm: Comm, profile: Profile, repeats: int = 5, numel: int = 1 << 16, density: float = 0.01) -> list:
     """Seconds each scheme's formula misses on a small call (collective, on the lane): every scheme
-    all-reduces a random ``numel``-element tensor of ``density``; the miss is the median measured time minus
-    the formula's time for that call's measured workload, at least 0, median over the ranks. These fixed
+    all-reduces a random ``numel``-element tensor of ``density``; the miss is the call's time (from a common
+    start to the slowest rank's end, as the benchmarks time it; :func:`_together_time`) minus the formula's
+    time for that call's measured workload, at least 0. These fixed
     costs (Python, the backend's per-message work, waiting for ranks that share cores) are what the
     formulas' per-primitive latencies leave out; ``cost.predict_times`` adds them."""
     from .collective import reduce_now
@@ -294,9 +305,9 @@ def calibrate(comm: Comm, profile: Profile, repeats: int = 5, numel: int = 1 << 
     misses = []
     for name in cost.TIME_FORMULAS:
         scheme = make_scheme(name)
-        measured = _median_time(lambda: reduce_now(comm, x.clone(), scheme), repeats)
-        misses.append(max(0, round((measured - predicted[name]) * _PS)))
-    return [v / _PS for v in _median_rows(comm.all_gather_rows(misses).tolist())]
+        measured = _together_time(comm, lambda: reduce_now(comm, x.clone(), scheme), repeats)
+        misses.append(max(0.0, measured - predicted[name]))
+    return misses
 
 
 def probe_profile(group=None, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
