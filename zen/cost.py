@@ -12,7 +12,7 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
     mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
     e      time per pair of the hashing kernels (zen's partition, OmniReduce's block ids), s
     m      time per pair merged by ``ops.aggregate`` (zen's aggregate, agsparse's sum, SparCML's merges), s
-    w      time per element written at ascending positions (the scan's output, scatter, decoded indices), s
+    w      time per element written at ascending positions (the scan's output, the scatter), s
     x_e    time per element of an index set I_j walked by the hash bitmap's encode, s
     x_d    the same for its decode, s
 
@@ -25,10 +25,10 @@ c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p 
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + k_r w.
-Hashing costs e per pair, merging m per pair, scattering into the output w per element, encoding or decoding
-a hash bitmap x_e or x_d per element of its index set I_j (|I_j| ~ M/n); copies and dense adds cost their bytes / mu.
-The probe measures e, m, w, x_e, x_d and mu with every rank running the kernel at once (the way a call runs them),
-so ranks that share a host's cores or memory bandwidth show in them.
+Hashing costs e per pair, merging m per pair, scattering into the output w per element, encoding or
+decoding a hash bitmap x_e or x_d per element of its index set I_j (|I_j| ~ M/n); copies and dense adds
+cost their bytes / mu. The probe measures e, m, w, x_e, x_d and mu with every rank running the kernel at
+once (the way a call runs them), so ranks that share a host's cores or memory bandwidth show in them.
 
 Closed forms (equal k_r, balanced partitions, no latency, no local terms), which the functions below reduce
 to and the tests check:
