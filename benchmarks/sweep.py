@@ -9,7 +9,8 @@ profile probed once per run). From the rows:
 
     accuracy   per scheme, the mean absolute percentage error of the prediction over every cell
                (MAPE = mean |predicted - measured| / measured), and per cell whether "auto" was within
-               10% of the fastest fixed scheme
+               10% of the fastest fixed scheme (with the share of CPU time the hypervisor stole during the
+               cell's run); zen's phases, measured against ``zen.cost.zen_phases``, summed per world size
     scaling    (--scaling) the real-text workload at a fixed per-rank batch (weak scaling): each scheme's
                time per world size and its efficiency against its own cost-model floor, predicted / measured
 
