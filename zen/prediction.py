@@ -212,11 +212,11 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
             mine["p2p"] = _median_time(lambda: comm.exchange([(peer, small)], [(peer, small_in)]), repeats)
             # at the all-reduce's unit: a pair alone cannot agree with the others on growing it
             rates["p2p"], _ = slope(lambda b: comm.exchange([(peer, big[:b])], [(peer, big_in[:b])]), unit, grow=False)
-    local = _probe_kernels(comm, repeats)
+    kernels = _probe_kernels(comm, repeats)
     with ThreadPoolExecutor(max_workers=1) as pool:
         hop = _median_time(lambda: pool.submit(lambda: None).result(), repeats)
-    local = Profile(bandwidth=max(rates.values(), default=local["memory_bandwidth"]), latency=mine.get("p2p", 0.0),
-                    call_overhead=hop, **local, overheads=tuple((k, mine[k]) for k in PRIMITIVES if k in mine),
+    local = Profile(bandwidth=max(rates.values(), default=kernels["memory_bandwidth"]), latency=mine.get("p2p", 0.0),
+                    call_overhead=hop, **kernels, overheads=tuple((k, mine[k]) for k in PRIMITIVES if k in mine),
                     rates=tuple(rates.items()))
     row = _encode(local)
     if n > 1 and "p2p" not in mine:
