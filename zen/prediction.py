@@ -36,6 +36,7 @@ import torch.distributed as dist
 from . import cost, ops, wire
 from .comm import DUPLEX_ALL_TO_ALL_BYTES, Comm, get_comm
 from .cost import Profile, Workload
+from .schemes.balanced import default_probes
 from .schemes.omnireduce import block_bounds
 from .schemes.sparcml import doubling_plan
 
@@ -249,7 +250,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     partition (m) of numel / 16 pairs, the scatter of numel / 8 ascending indices (w), and the hash bitmap's
     encode (x_e) and decode (x_d) of a quarter of the index set I_0 (per element of I_0)."""
     n, device = max(comm.world, 2), comm.device
-    probes = 3 if torch.device(device).type == "cuda" else 0  # as BalancedParallelism picks
+    probes = default_probes(device)
     generator = torch.Generator().manual_seed(comm.seed + comm.rank)
     zeros = torch.zeros(numel, device=device)
     count = numel // 16

@@ -23,6 +23,12 @@ from ..cost import balanced_bytes, dense_bytes
 from .base import Call, Scheme
 
 
+def default_probes(device) -> int:
+    """Level-2 probes of the partition when none are set: 3 on GPUs, as in ZEN; 0 (the exact counting sort)
+    on CPUs, where the random table accesses cost more than they save."""
+    return 3 if torch.device(device).type == "cuda" else 0
+
+
 def check_settings(owner: str, num_probes, table_factor, serial_factor, dense_threshold) -> None:
     """ValueError naming the first bad setting of the hash partition and the dense switch."""
     if num_probes is not None and (not isinstance(num_probes, int) or not 0 <= num_probes <= 16):
@@ -41,10 +47,9 @@ class BalancedParallelism(Scheme):
     def __init__(self, num_probes: Optional[int] = None, table_factor: float = 2.0, serial_factor: float = 0.1,
                  dense_switch: bool = False, dense_threshold: Optional[float] = None):
         """``num_probes``: level-2 probes of the hierarchical hash; 0 partitions by an exact counting sort
-        instead; None (default) picks by device: 3 on GPUs, as in ZEN, and 0 on CPUs, where the random
-        table accesses cost more than they save. ``dense_switch``: after the size exchange, send the whole
-        tensor dense (all ranks alike) when the cost formulas say dense is cheaper, or when the mean density
-        exceeds ``dense_threshold``."""
+        instead; None (default) picks by device (:func:`default_probes`). ``dense_switch``: after the size
+        exchange, send the whole tensor dense (all ranks alike) when the cost formulas say dense is cheaper,
+        or when the mean density exceeds ``dense_threshold``."""
         check_settings("BalancedParallelism", num_probes, table_factor, serial_factor, dense_threshold)
         self.num_probes = num_probes
         self.table_factor = table_factor
@@ -83,7 +88,7 @@ class BalancedParallelism(Scheme):
         indices = indices.to(idx_dtype)
 
         # 1-2. partition, then agree on sizes: counts[p][j] = pairs rank p sends to partition j.
-        probes = self.num_probes if self.num_probes is not None else (3 if indices.is_cuda else 0)
+        probes = self.num_probes if self.num_probes is not None else default_probes(indices.device)
         part_idx, part_val, counts, part_stats = ops.partition(
             indices, values, n, seed, probes, self.table_factor, self.serial_factor)
         call.mark("partition")
