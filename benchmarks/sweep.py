@@ -5,12 +5,16 @@
 
 Each (link rate, world size) is one run of allreduce.py on an emulated cluster (benchmarks/cluster.py),
 every scheme side by side on the same data, with the cost model's prediction for each (``zen.predict``,
-profile probed once per run). From the rows:
+profile probed once per run). With ``--rounds R`` the whole sweep runs R times (rounds apart in time, each
+run with its own probe) and a cell's measured and predicted times are the medians over the rounds. From
+the rows:
 
     accuracy   per scheme, the mean absolute percentage error of the prediction over every cell
                (MAPE = mean |predicted - measured| / measured), and per cell whether "auto" was within
                10% of the fastest fixed scheme (with the share of CPU time the hypervisor stole during the
                cell's run); zen's phases, measured against ``zen.cost.zen_phases``, summed per world size
+    noise      (R > 1) per scheme, how far one round's measured (and predicted) time lies from the cell's
+               median over the rounds (mean |round - median| / median): the error no model can go below
     scaling    (--scaling) the real-text workload at a fixed per-rank batch (weak scaling): each scheme's
                time per world size and its efficiency against its own cost-model floor, predicted / measured
 
@@ -84,6 +88,43 @@ def repredict(rows):
 
 def cell_key(row):
     return row["bandwidth"], row["world"], row["numel"], round(row["density"], 6)
+
+
+def merge_rounds(rows):
+    """One row per (cell, scheme): the first round's row with the medians over the rounds of the measured
+    and predicted times and phases, the mean CPU steal, and the rounds' own values kept in ``rounds``
+    (every round all-reduces the same data)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(cell_key(r) + (r["scheme"],), []).append(r)
+    merged = []
+    for same in groups.values():
+        row = dict(same[0])
+        row["rounds"] = [{"time_median": r["time_median"], "time_predicted": r["time_predicted"]} for r in same]
+        for key in ("time_median", "time_predicted"):
+            row[key] = statistics.median(r[key] for r in same)
+        for key in ("phases_ms", "phases_predicted_ms"):
+            row[key] = {p: statistics.median(r[key].get(p, 0.0) for r in same) for p in same[0].get(key) or {}}
+        row["cpu_steal"] = statistics.mean(r.get("cpu_steal", 0.0) for r in same)
+        merged.append(row)
+    return merged
+
+
+def noise_table(rows):
+    """Per scheme, mean over cells and rounds of |round value - cell median| / cell median, measured and
+    predicted (rows from :func:`merge_rounds`); empty for one round."""
+    if not any(len(r.get("rounds", ())) > 1 for r in rows):
+        return ""
+    lines = ["", "round-to-round spread (mean |one round - median of the rounds| / median, over every cell):",
+             f"{'scheme':>10} {'measured':>9} {'predicted':>9}"]
+    for scheme in FIXED + ("auto",):
+        mine = [r for r in rows if r["scheme"] == scheme and len(r.get("rounds", ())) > 1]
+        if not mine:
+            continue
+        spread = {key: statistics.mean(abs(x[key] - r[key]) / r[key] for r in mine for x in r["rounds"])
+                  for key in ("time_median", "time_predicted")}
+        lines.append(f"{scheme:>10} {spread['time_median']:>9.1%} {spread['time_predicted']:>9.1%}")
+    return "\n".join(lines)
 
 
 def accuracy_tables(rows):
@@ -200,6 +241,7 @@ def main(argv=None):
     p.add_argument("--densities", default="0.001,0.01,0.1")
     p.add_argument("--workload", default="uniform", choices=["uniform", "zipf"])
     p.add_argument("--scaling", action="store_true", help="weak scaling on the real-text workload instead")
+    p.add_argument("--rounds", type=int, default=1, help="run the whole sweep this many times; medians per cell")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", required=True, help="output prefix: writes OUT.json, OUT.txt, OUT.png")
@@ -211,17 +253,20 @@ def main(argv=None):
     if args.repredict:
         with open(args.out + ".json") as f:
             rows = repredict(json.load(f))
-    for bandwidth in [] if args.repredict else args.bandwidths.split(","):
-        for world in worlds:
-            rows += run_cell(args, world, bandwidth)
-            with open(args.out + ".json", "w") as f:  # kept up to date: a long sweep can be cut short
-                json.dump(rows, f, indent=1)
-    text = scaling_table(rows) if args.scaling else ""
-    text += accuracy_tables(rows) + "\n" + phase_table(rows)
+    for round_ in range(0 if args.repredict else args.rounds):
+        for bandwidth in args.bandwidths.split(","):
+            for world in worlds:
+                for row in run_cell(args, world, bandwidth):
+                    rows.append(dict(row, round=round_))
+                with open(args.out + ".json", "w") as f:  # kept up to date: a long sweep can be cut short
+                    json.dump(rows, f, indent=1)
+    merged = merge_rounds(rows)
+    text = scaling_table(merged) if args.scaling else ""
+    text += accuracy_tables(merged) + "\n" + phase_table(merged) + "\n" + noise_table(merged)
     print(text)
     with open(args.out + ".txt", "w") as f:
         f.write(f"$ python benchmarks/sweep.py {' '.join(argv if argv is not None else sys.argv[1:])}\n\n{text}\n")
-    plot(rows, args.out + ".png")
+    plot(merged, args.out + ".png")
     return 0
 
 

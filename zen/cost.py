@@ -13,8 +13,8 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
     e      time per pair of the hashing kernels (zen's partition, OmniReduce's block ids), s
     m      time per pair merged by ``ops.aggregate`` (zen's aggregate, agsparse's sum, SparCML's merges), s
     w      time per element written at ascending positions (the scan's output, the scatter), s
-    x_e    time per element of an index set I_j walked by the hash bitmap's encode, s
-    x_d    the same for its decode, s
+    x_e    time per index encoded into a hash bitmap (a galloping search of I_j and a bit set), s
+    x_d    time per index decoded from a hash bitmap (a set bit found and its I_j element written), s
 
 Wire terms. A collective finishes when its most loaded link does: an all-to-all in which rank r sends S_r
 and receives R_r bytes takes  c_a2a + max_r max(S_r, R_r) / b_a2a;  a ring all-gather of R bytes per rank
@@ -26,8 +26,8 @@ Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + k_r w.
 Hashing costs e per pair, merging m per pair, scattering into the output w per element, encoding or
-decoding a hash bitmap x_e or x_d per element of its index set I_j (|I_j| ~ M/n); copies and dense adds
-cost their bytes / mu. The probe measures e, m, w, x_e, x_d and mu with every rank running the kernel at
+decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or
+read at mu; copies and dense adds cost their bytes / mu. The probe measures e, m, w, x_e, x_d and mu with every rank running the kernel at
 once (the way a call runs them), so ranks that share a host's cores or memory bandwidth show in them.
 
 Closed forms (equal k_r, balanced partitions, no latency, no local terms), which the functions below reduce
@@ -93,8 +93,8 @@ class Profile:
     element_time: float = 5e-9
     write_time: float = 2e-9
     merge_time: float = 20e-9
-    encode_time: float = 2e-9
-    decode_time: float = 1e-9
+    encode_time: float = 20e-9
+    decode_time: float = 8e-9
     call_overhead: float = 0.0
     overheads: tuple = ()
     rates: tuple = ()
@@ -261,9 +261,9 @@ def zen_phases(w: Workload, p: Profile) -> Dict[str, float]:
     """Balanced Parallelism, phase by phase (the phases a call records in ``stats["phases"]``): scan;
     hash partition (e k_r); agreement (n counts); push: packing and the all-to-all (rank r sends its pieces
     for the other partitions, receives theirs for its own); aggregate (m per received pair); encode
-    (x_e |I_r| where the bitmap wins); pull: the sizes' all-gather and the all-to-all of the repeated
-    pieces (COO or hash bitmap, whichever smaller); decode (x_d |I_j| per bitmap piece, its writes
-    included); scatter: the write-back of U."""
+    (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the sizes' all-gather and the all-to-all
+    of the repeated pieces (COO or hash bitmap, whichever smaller); decode (x_d |U_j| + |I_j| / 8 / mu
+    per bitmap piece); scatter: the write-back of U."""
     n, c = w.n, w.hash_counts
     phases = dict(scan=_scan(w, p), partition=max(w.nnz) * p.element_time, agree=_agree(n, w, p))
     if n <= 1:
@@ -274,12 +274,12 @@ def zen_phases(w: Workload, p: Profile) -> Dict[str, float]:
     phases["push"] = max(_coo(x, w) for x in w.nnz) / p.memory_bandwidth + _alltoall(send, recv, w, p)
     phases["aggregate"] = max(received) * p.merge_time
     pieces = [_zen_pull_piece(u, w) for u in w.hash_union]
-    bitmaps = sum(x < _coo(u, w) for x, u in zip(pieces, w.hash_union))
-    index_set = w.numel / n  # |I_j|: encoding or decoding a bitmap walks it
-    phases["encode"] = index_set * p.encode_time if bitmaps else 0.0
+    bitmap = [x < _coo(u, w) for x, u in zip(pieces, w.hash_union)]
+    bitmap_bytes = w.numel / n / 8 / p.memory_bandwidth  # |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read
+    phases["encode"] = max(u * p.encode_time + bitmap_bytes if b else 0.0 for u, b in zip(w.hash_union, bitmap))
     phases["pull"] = (_allgather(3, w, p) + n * max(pieces) / p.memory_bandwidth
                       + _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p))
-    phases["decode"] = bitmaps * index_set * p.decode_time
+    phases["decode"] = sum(u * p.decode_time + bitmap_bytes for u, b in zip(w.hash_union, bitmap) if b)
     phases["scatter"] = _write_back(w.union, w, p)
     return phases
 

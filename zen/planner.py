@@ -194,10 +194,10 @@ def main(argv=None) -> int:
     parser.add_argument("--element-time", default="5ns", help="per pair hashed (default 5ns)")
     parser.add_argument("--merge-time", default="20ns", help="per pair merged by the aggregation (default 20ns)")
     parser.add_argument("--write-time", default="2ns", help="per element written at ascending positions (default 2ns)")
-    parser.add_argument("--encode-time", default="2ns",
-                        help="per element of an index set walked by the hash bitmap's encode (default 2ns)")
-    parser.add_argument("--decode-time", default="1ns",
-                        help="per element of an index set walked by the hash bitmap's decode (default 1ns)")
+    parser.add_argument("--encode-time", default="20ns",
+                        help="per index encoded into a hash bitmap (default 20ns)")
+    parser.add_argument("--decode-time", default="8ns",
+                        help="per index decoded from a hash bitmap (default 8ns)")
     parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
     parser.add_argument("--block-size", type=int, default=256, help="OmniReduce's block (default 256)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")

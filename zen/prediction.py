@@ -24,6 +24,7 @@ compute the same predictions.
 :func:`zen.cost.predict_times` under other profiles.
 """
 import dataclasses
+import math
 import re
 import statistics
 import time
@@ -229,18 +230,29 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     return dataclasses.replace(profile, calibration=tuple(zip(cost.TIME_FORMULAS, calibration)))
 
 
-def _together_time(comm: Comm, fn, repeats: int) -> float:
+def _together_time(comm: Comm, fn, repeats: int, least: float = 0.0) -> float:
     """Seconds of ``fn()`` run by every rank at once, as a call's local phases run: per repeat, the
-    slowest rank's time after a common start; the median over the repeats (the same on every rank)."""
+    slowest rank's time after a common start; the median over the repeats (the same on every rank).
+    With ``least`` > 0, each repeat runs ``fn`` back to back as often as makes the slowest rank take at
+    least ``least`` seconds (the same count on every rank) and the time is per run: a short kernel would
+    otherwise end before ranks that share cores have all been scheduled, and look uncontended."""
     fn()  # warm-up
+    runs = 1
+    if least > 0:
+        comm.all_gather_rows([0])
+        start = time.perf_counter()
+        fn()
+        once = comm.all_gather_rows([round((time.perf_counter() - start) * _PS)]).max().item() / _PS
+        runs = max(1, min(1000, math.ceil(least / max(once, 1e-9))))
     times = []
     for _ in range(repeats):
         comm.all_gather_rows([0])  # the common start
         start = time.perf_counter()
-        fn()
+        for _ in range(runs):
+            fn()
         times.append(round((time.perf_counter() - start) * _PS))
     slowest = comm.all_gather_rows(times).max(dim=0).values.tolist()
-    return statistics.median(slowest) / _PS
+    return statistics.median(slowest) / _PS / runs
 
 
 def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
@@ -248,7 +260,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     (16 MiB: past most caches once a few ranks share a host), every rank at once (:func:`_together_time`):
     the non-zero scan of zeros (mu), the hash partition (e) and the aggregate of n ascending runs of one
     partition (m) of numel / 16 pairs, the scatter of numel / 8 ascending indices (w), and the hash bitmap's
-    encode (x_e) and decode (x_d) of a quarter of the index set I_0 (per element of I_0)."""
+    encode (x_e) and decode (x_d) of a quarter of the index set I_0 (per index encoded or decoded)."""
     n, device = max(comm.world, 2), comm.device
     probes = default_probes(device)
     generator = torch.Generator().manual_seed(comm.seed + comm.rank)
@@ -267,14 +279,14 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
                                                                                           dtype=torch.int32)
 
     def per(fn, items):
-        return _together_time(comm, fn, repeats) / items
+        return _together_time(comm, fn, repeats, least=RATE_SECONDS) / items
 
     return dict(memory_bandwidth=1.0 / per(lambda: ops.nonzero(zeros), numel * zeros.element_size()),
                 element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
                 merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
                 write_time=per(lambda: ops.scatter_(zeros, written, val), written.numel()),
-                encode_time=per(lambda: ops.bitmap_encode(subset, index_set), index_set.numel()),
-                decode_time=per(lambda: ops.bitmap_decode(bitmap, index_set, subset.numel()), index_set.numel()))
+                encode_time=per(lambda: ops.bitmap_encode(subset, index_set), subset.numel()),
+                decode_time=per(lambda: ops.bitmap_decode(bitmap, index_set, subset.numel()), subset.numel()))
 
 
 def _median_rows(rows) -> list:
