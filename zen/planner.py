@@ -32,7 +32,7 @@ import torch
 
 from . import cost, ops, wire
 from .cost import Profile, Workload
-from .prediction import flat_coo, parse_rate, parse_time
+from .prediction import LOCAL_TIMES, flat_coo, make_profile
 from .schemes.omnireduce import block_bounds
 
 _CHUNK = 1 << 22
@@ -190,14 +190,15 @@ def main(argv=None) -> int:
     parser.add_argument("--world", type=int, required=True, help="number of ranks")
     parser.add_argument("--bandwidth", required=True, help="per rank, e.g. 1gbit, 25gbit, 10GB/s")
     parser.add_argument("--latency", required=True, help="per message, e.g. 50us")
-    parser.add_argument("--memory-bandwidth", default="10GB/s", help="local streaming kernels (default 10GB/s)")
-    parser.add_argument("--element-time", default="5ns", help="per pair hashed (default 5ns)")
-    parser.add_argument("--merge-time", default="20ns", help="per pair merged by the aggregation (default 20ns)")
-    parser.add_argument("--write-time", default="2ns", help="per element written at ascending positions (default 2ns)")
-    parser.add_argument("--encode-time", default="20ns",
-                        help="per index encoded into a hash bitmap (default 20ns)")
-    parser.add_argument("--decode-time", default="8ns",
-                        help="per index decoded from a hash bitmap (default 8ns)")
+    defaults = Profile(bandwidth=1.0, latency=0.0)
+    parser.add_argument("--memory-bandwidth", default=None,
+                        help=f"local streaming kernels (default {defaults.memory_bandwidth / 1e9:g}GB/s)")
+    for name, what in (("element_time", "per pair hashed"), ("merge_time", "per pair merged by the aggregation"),
+                       ("write_time", "per element written at ascending positions"),
+                       ("encode_time", "per index encoded into a hash bitmap"),
+                       ("decode_time", "per index decoded from a hash bitmap")):
+        parser.add_argument("--" + name.replace("_", "-"), default=None,
+                            help=f"{what} (default {getattr(defaults, name) * 1e9:g}ns)")
     parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
     parser.add_argument("--block-size", type=int, default=256, help="OmniReduce's block (default 256)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -209,11 +210,8 @@ def main(argv=None) -> int:
     if args.embedding and not args.batch_tokens:
         parser.error("--embedding needs --batch-tokens")
     try:
-        profile = Profile(bandwidth=parse_rate(args.bandwidth), latency=parse_time(args.latency),
-                          memory_bandwidth=parse_rate(args.memory_bandwidth),
-                          element_time=parse_time(args.element_time), merge_time=parse_time(args.merge_time),
-                          write_time=parse_time(args.write_time), encode_time=parse_time(args.encode_time),
-                          decode_time=parse_time(args.decode_time))
+        profile = make_profile(args.bandwidth, args.latency, args.memory_bandwidth,
+                               **{name: getattr(args, name) for name in LOCAL_TIMES})
     except ValueError as error:
         parser.error(str(error))
 

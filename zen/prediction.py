@@ -83,24 +83,31 @@ def _key(group):
     return group if group is not None else dist.group.WORLD
 
 
+LOCAL_TIMES = ("element_time", "write_time", "merge_time", "encode_time", "decode_time")
+
+
+def make_profile(bandwidth, latency, memory_bandwidth=None, **local_times) -> Profile:
+    """A :class:`Profile` from numbers or strings ('1gbit', '50us', '10GB/s'); what is not given keeps the
+    Profile's default. ``local_times``: any of :data:`LOCAL_TIMES`."""
+    unknown = set(local_times) - set(LOCAL_TIMES)
+    if unknown:
+        raise TypeError(f"make_profile: unknown field(s) {', '.join(sorted(unknown))}")
+    fields = dict(bandwidth=parse_rate(bandwidth), latency=parse_time(latency))
+    if memory_bandwidth is not None:
+        fields["memory_bandwidth"] = parse_rate(memory_bandwidth)
+    fields.update({name: parse_time(value) for name, value in local_times.items() if value is not None})
+    return Profile(**fields)
+
+
 def set_profile(group=None, profile: Optional[Profile] = None, *, bandwidth=None, latency=None,
-                memory_bandwidth=None, element_time=None, write_time=None, merge_time=None,
-                encode_time=None, decode_time=None) -> Profile:
-    """Use ``profile`` (or one built from bandwidth, latency, ...) for ``group`` instead of the probe.
-    Local (no collective); rank 0's profile is the one every rank uses. Strings are parsed ('1gbit', '50us').
-    Returns the profile set."""
+                memory_bandwidth=None, **local_times) -> Profile:
+    """Use ``profile`` (or one built from bandwidth, latency, memory_bandwidth and the local times of
+    :func:`make_profile`) for ``group`` instead of the probe. Local (no collective); rank 0's profile is the
+    one every rank uses. Strings are parsed ('1gbit', '50us'). Returns the profile set."""
     if profile is None:
         if bandwidth is None or latency is None:
             raise ValueError("set_profile: give a Profile, or at least bandwidth and latency")
-        fields = dict(bandwidth=parse_rate(bandwidth), latency=parse_time(latency))
-        if memory_bandwidth is not None:
-            fields["memory_bandwidth"] = parse_rate(memory_bandwidth)
-        times = dict(element_time=element_time, write_time=write_time, merge_time=merge_time,
-                     encode_time=encode_time, decode_time=decode_time)
-        for name, value in times.items():
-            if value is not None:
-                fields[name] = parse_time(value)
-        profile = Profile(**fields)
+        profile = make_profile(bandwidth, latency, memory_bandwidth, **local_times)
     _profiles[_key(group)] = profile
     return profile
 
