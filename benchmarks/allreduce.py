@@ -4,8 +4,9 @@
     python benchmarks/allreduce.py --world 8 --bandwidth 1gbit        # emulated cluster (root)
     python benchmarks/allreduce.py --workload text --json out.json --plot out.png
 
-Every iteration runs the schemes side by side (A B C, A B C, ...) on the same data, each call timed as
-the slowest rank's time, and every result is compared with torch.distributed.all_reduce of the same
+Every iteration runs the schemes side by side on the same data, starting one scheme later each time
+(A B C, B C A, C A B, ...: a call right after a heavy one runs up to 20% slower, so no scheme may always
+follow the same one), each call timed as the slowest rank's time, and every result is compared with torch.distributed.all_reduce of the same
 data (#wrong counts elements off by more than the dtype's tolerance). One row per (size, density,
 scheme):
 
@@ -116,15 +117,21 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         predicted_phases = {k: v * 1e3 for k, v in cost.zen_phases(workload, profile).items()}
     tol = TOLERANCE[x0.dtype]
     truth_max = truth.abs().max().item()
-    # A fresh "auto" per case, as in a new job: it measures on its first call (a warm-up round) and keeps its
-    # pick for 100 calls, so a pick made for the previous case's density would otherwise carry over.
+    # A fresh "auto" per case, as in a new job (a pick made for the previous case's density would otherwise
+    # carry over). Its measuring and trial calls run first, untimed: the rounds time its steady state, the
+    # pick it keeps for the next 100 calls; what settling cost is kept in the row (settle_calls, settle_s).
     instances = {s: zen.schemes.Auto() if s == "auto" else s for s in schemes}
+    settle_calls, settle_start = 0, time.perf_counter()
+    while "auto" in instances and not instances["auto"].settled(comm, numel):
+        zen.all_reduce(x0.clone(), scheme=instances["auto"])
+        settle_calls += 1
+    settle_seconds = time.perf_counter() - settle_start
     times = {s: [] for s in schemes}
     sent = {s: [] for s in schemes}
     phases = {s: {} for s in schemes}
     wrong = {s: 0 for s in schemes}
     for it in range(args.warmup + args.iters):
-        for scheme in schemes:
+        for scheme in schemes[it % len(schemes):] + schemes[:it % len(schemes)]:
             x = x0.clone()
             stats = {}
             dist.barrier()
@@ -169,6 +176,9 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "bytes_sent": b.item() / world, "wrong": int(w.item()),
             "time_predicted": predicted.get(scheme, float("nan")),
             "phases_ms": {p: v * 1e3 / world for p, v in zip(names, mine.tolist())},
+            "settle_calls": settle_calls if scheme == "auto" else 0,
+            "settle_s": settle_seconds if scheme == "auto" else 0.0,
+            "auto_choice": instances[scheme].choice(comm, numel) if scheme == "auto" else None,
             "phases_predicted_ms": predicted_phases if scheme == "zen" else {},
             "profile": None if profile is None else dataclasses.asdict(profile),
             "workload": None if workload is None else dataclasses.asdict(workload),
@@ -218,7 +228,7 @@ def bench(rank, world, args):
     schemes = args.schemes.split(",") if args.schemes else list(zen.SCHEMES)
     if "dense" in schemes:
         schemes.remove("dense")
-    schemes = ["dense"] + schemes  # the baseline first in every round
+    schemes = ["dense"] + schemes  # the baseline first in the tables
     all_rows = []
     todo = cases(args)
     progress = None

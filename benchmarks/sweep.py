@@ -21,6 +21,7 @@ the rows:
 Writes OUT.json (all rows), OUT.txt (the tables) and OUT.png (time vs world size, per link rate).
 """
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -92,8 +93,8 @@ def cell_key(row):
 
 def merge_rounds(rows):
     """One row per (cell, scheme): the first round's row with the medians over the rounds of the measured
-    and predicted times and phases, the mean CPU steal, and the rounds' own values kept in ``rounds``
-    (every round all-reduces the same data)."""
+    and predicted times and phases, the mean CPU steal, auto's most frequent pick, and the rounds' own
+    times kept in ``rounds`` (every round all-reduces the same data)."""
     groups = {}
     for r in rows:
         groups.setdefault(cell_key(r) + (r["scheme"],), []).append(r)
@@ -106,6 +107,10 @@ def merge_rounds(rows):
         for key in ("phases_ms", "phases_predicted_ms"):
             row[key] = {p: statistics.median(r[key].get(p, 0.0) for r in same) for p in same[0].get(key) or {}}
         row["cpu_steal"] = statistics.mean(r.get("cpu_steal", 0.0) for r in same)
+        picks = [r["auto_choice"] for r in same if r.get("auto_choice")]
+        if len(picks) > 1:  # the most frequent pick, and in how many rounds
+            pick, count = collections.Counter(picks).most_common(1)[0]
+            row["auto_choice"] = f"{pick} {count}/{len(same)}"
         merged.append(row)
     return merged
 
@@ -140,7 +145,7 @@ def accuracy_tables(rows):
                      f"{statistics.median(absolute):>10.1%} {max(absolute):>9.1%} {statistics.mean(errors):>+7.1%}")
     lines += ["", "auto against the fastest fixed scheme, per cell (measured medians, ms):",
               f"{'link':>8} {'world':>5} {'numel':>9} {'density':>8} {'fastest':>10} {'ms':>8} {'auto ms':>8} "
-              f"{'auto/best':>9} {'predicted best':>14} {'steal':>6}"]
+              f"{'auto/best':>9} {'predicted best':>14} {'auto picked':>14} {'steal':>6}"]
     cells = {}
     for r in rows:
         cells.setdefault(cell_key(r), {})[r["scheme"]] = r
@@ -156,7 +161,8 @@ def accuracy_tables(rows):
         within += ratio <= 1.1
         lines.append(f"{key[0]:>8} {key[1]:>5} {key[2]:>9} {key[3]:>8.2%} {best:>10} "
                      f"{fixed[best]['time_median'] * 1e3:>8.1f} {by['auto']['time_median'] * 1e3:>8.1f} "
-                     f"{ratio:>8.2f}x {predicted_best:>14} {by['auto'].get('cpu_steal', float('nan')):>6.1%}")
+                     f"{ratio:>8.2f}x {predicted_best:>14} {by['auto'].get('auto_choice') or '-':>14} "
+                     f"{by['auto'].get('cpu_steal', float('nan')):>6.1%}")
     lines.append(f"auto within 10% of the fastest fixed scheme in {within} of {len(cells)} cells")
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """Every scheme against torch.distributed.all_reduce, at world sizes 1-5, on random, skewed and adversarial
-data; zen.predict's measurements against the truth; scheme="auto" picks the smallest prediction.
+data; zen.predict's measurements against the truth; scheme="auto" picks the smallest prediction, then times
+the near ties.
 
 Each world size is one spawn (a spawn costs seconds); every case runs inside it. Integer-valued floats
 (and integer dtypes) are summed exactly by every order of summation, so they are compared with
@@ -214,6 +215,29 @@ def _run_predict_and_auto(rank, world):
     assert [m for _, m in picks] == [True, False, False, True, False, False], picks
     assert picks[3][0] == "dense" and picks[0][0] != "dense", picks
     out.append(("recheck", picks))
+
+    # trials: every candidate within the margin runs 2 timed calls, interleaved in order of prediction; the
+    # pick is the smallest median slowest-rank time (exchanged, so the same on every rank); then it settles.
+    auto = Auto(trials=2, trial_margin=1e9)
+    data = make_case("uniform", 30011, 0.01, rank, world, 7)
+    expected = data.clone()
+    dist.all_reduce(expected)
+    seen = []
+    for call in range(2 + 2 * len(FIXED)):
+        t = data.clone()
+        stats = {}
+        zen.all_reduce(t, scheme=auto, stats=stats)
+        assert torch.equal(t, expected), (call, stats["auto"])
+        seen.append(stats["auto"])
+    predicted = {k: v for k, v in seen[0]["predicted"].items() if k != "auto"}
+    trials = [s["choice"] for s in seen[1:-1]]
+    assert seen[0]["measured"] and all(s.get("trial") for s in seen[1:-1]), seen
+    assert trials == sorted(predicted, key=predicted.get) * 2, trials
+    medians = seen[-2]["trial_medians"]
+    assert set(medians) == set(FIXED) and all(v > 0 for v in medians.values()), medians
+    assert seen[-1] == dict(choice=min(medians, key=medians.get), measured=False), seen[-1]
+    assert auto.settled(comm, 30011)
+    out.append(("trials", (trials, medians)))
 
     # ZenState(scheme="auto") in DDP: the same gradients as DDP's own allreduce.
     with_zen, plain = _ddp_grads(rank, world, "auto"), _ddp_grads(rank, world, None)

@@ -1,22 +1,29 @@
-"""``scheme="auto"``: the cost model's choice, per group and tensor size, re-checked as densities drift.
+"""``scheme="auto"``: the cost model's choice, per group and tensor size, settled by timing near ties, and
+re-checked as densities drift.
 
 For each (group, tensor size M), calls c with c % recheck < warmup are measuring calls: the scheme
 measures the workload (``zen.prediction.measure_now``: nnz, hash and block loads, the exact union by bitmap
 doubling; plus, once per group, the profile probe unless ``zen.set_profile`` gave one), predicts every
-candidate's time (``zen.cost.predict_times``) and picks the smallest mean prediction over the measuring
-calls of the current window; then it reduces with the pick. Other calls go straight to the pick. Every
-number the decision uses was exchanged (rank 0's profile, everyone's counts), so all ranks pick the same.
+candidate's time (``zen.cost.predict_times``) and reduces with the smallest mean prediction over the
+measuring calls of the current window. The model's error (10-30% on a noisy host) exceeds the gap between
+the best schemes where they nearly tie, so the next calls are trials: every candidate predicted within
+``trial_margin`` times the best runs ``trials`` calls (interleaved), each timed as its slowest rank's time
+(one all-gather of one int64 per trial call), and the pick is the smallest median time. Other calls go
+straight to the pick. Every number a decision uses was exchanged (rank 0's profile, everyone's counts, the
+slowest rank's times), so all ranks pick the same.
 
 The measurement's first collective is the call's agreement, as the pick's is on the other calls (the
 agreement's row has the same length either way), so ranks that disagree on the tensor fail alike even
-though their histories differ. It costs the agreement, floor(log2 n) exchanges of M/8 bytes and an
-all-gather, and the probe once per group: that is what "auto" can lose against the best fixed scheme, on
-measuring calls only.
+though their histories differ. What "auto" can lose against the best fixed scheme, per ``recheck`` calls:
+the measuring calls (the agreement, floor(log2 n) exchanges of M/8 bytes and an all-gather; the probe once
+per group) and the trial calls of the slower near-ties (at most ``trial_margin`` times the best prediction).
 
 ``zen.all_reduce(scheme="auto")`` builds its scheme per call, so ``make_scheme("auto")`` without settings
 returns one shared instance: the history lives as long as the process.
 """
+import statistics
 import threading
+import time
 from typing import Optional, Sequence
 
 from .. import ops
@@ -26,20 +33,23 @@ CANDIDATES = ("dense", "agsparse", "sparcml", "omnireduce", "zen")
 
 
 class _History:
-    __slots__ = ("calls", "window", "choice")
+    __slots__ = ("calls", "window", "choice", "trials", "timings")
 
     def __init__(self):
         self.calls, self.window, self.choice = 0, [], None
+        self.trials = []  # candidates still to run a trial call, in order
+        self.timings = {}  # candidate -> slowest-rank seconds of its trial calls in this window
 
 
 class Auto(Scheme):
     name = "auto"
 
     def __init__(self, candidates: Sequence[str] = CANDIDATES, warmup: int = 1, recheck: int = 100,
-                 block_size: int = 256, profile=None):
-        """``warmup`` measuring calls every ``recheck`` calls (per group and tensor size); ``block_size``:
-        OmniReduce's; ``profile``: a :class:`zen.cost.Profile` to use instead of the group's set or probed one
-        (rank 0's counts)."""
+                 block_size: int = 256, profile=None, trials: int = 2, trial_margin: float = 1.5):
+        """``warmup`` measuring calls every ``recheck`` calls (per group and tensor size); then ``trials`` timed
+        calls of every candidate predicted within ``trial_margin`` times the best (0 trials: the model's pick
+        alone); ``block_size``: OmniReduce's; ``profile``: a :class:`zen.cost.Profile` to use instead of the
+        group's set or probed one (rank 0's counts)."""
         from . import make_scheme
 
         candidates = tuple(candidates)
@@ -47,30 +57,48 @@ class Auto(Scheme):
             raise ValueError(f"auto: candidates must be non-empty and exclude 'auto'; got {candidates!r}")
         if not isinstance(warmup, int) or not isinstance(recheck, int) or not 1 <= warmup <= recheck:
             raise ValueError(f"auto: need ints 1 <= warmup <= recheck; got warmup={warmup!r}, recheck={recheck!r}")
+        if not isinstance(trials, int) or trials < 0 or not trial_margin >= 1.0:
+            raise ValueError(f"auto: need an int trials >= 0 and trial_margin >= 1; got trials={trials!r}, "
+                             f"trial_margin={trial_margin!r}")
         self.schemes = {name: make_scheme(name, **({"block_size": block_size} if name == "omnireduce" else {}))
                         for name in candidates}
         self.warmup, self.recheck, self.block_size, self.profile = warmup, recheck, block_size, profile
+        self.trials, self.trial_margin = trials, trial_margin
         self._history = {}  # (comm, numel) -> _History; each group's lane touches its own keys only
         self._lock = threading.Lock()
 
     def agreement_settings(self):
         """Settings that decide the protocol (when to measure, what to pick from); checked in the agreement."""
-        return (tuple(self.schemes), self.warmup, self.recheck, self.block_size)
+        return (tuple(self.schemes), self.warmup, self.recheck, self.block_size, self.trials,
+                round(self.trial_margin * 1e6))
 
     def reduce_dense(self, call: Call, flat):
-        scheme = self._pick(call, flat.numel(), lambda: ops.nonzero(flat) + (True,))
-        scheme.reduce_dense(call, flat)
+        start = time.perf_counter()
+        name = self._pick(call, flat.numel(), lambda: ops.nonzero(flat) + (True,))
+        self.schemes[name].reduce_dense(call, flat)
+        self._timed(call, flat.numel(), name, start)
 
     def reduce_coo(self, call, indices, values, numel):
-        scheme = self._pick(call, numel, lambda: (indices, values, False))
-        return scheme.reduce_coo(call, indices, values, numel)
+        start = time.perf_counter()
+        name = self._pick(call, numel, lambda: (indices, values, False))
+        pieces = self.schemes[name].reduce_coo(call, indices, values, numel)
+        self._timed(call, numel, name, start)
+        return pieces
 
     def choice(self, comm, numel: int) -> Optional[str]:
         """The scheme picked for tensors of ``numel`` elements on ``comm`` (None before the first call)."""
         history = self._history.get((comm, numel))
         return history.choice if history else None
 
-    def _pick(self, call: Call, numel: int, coo) -> Scheme:
+    def settled(self, comm, numel: int) -> bool:
+        """Whether the next call on ``comm`` with ``numel`` elements goes straight to the pick (no
+        measuring, no trial): what a benchmark of the steady state waits for."""
+        history = self._history.get((comm, numel))
+        return (history is not None and history.calls % self.recheck >= self.warmup and not history.trials
+                and history.choice is not None)
+
+    def _pick(self, call: Call, numel: int, coo) -> str:
+        """The scheme for this call: the model's pick on measuring calls, the next trial, or the pick."""
         from ..cost import choose, predict_times
         from ..prediction import cached_profile, measure_now, set_profile
 
@@ -80,8 +108,12 @@ class Auto(Scheme):
         phase = history.calls % self.recheck
         history.calls += 1
         if phase >= self.warmup and history.choice is not None:
+            if history.trials:
+                name = history.trials.pop(0)
+                call.stats["auto"] = dict(choice=name, measured=False, trial=True)
+                return name
             call.stats["auto"] = dict(choice=history.choice, measured=False)
-            return self.schemes[history.choice]
+            return history.choice
         indices, values, dense_input = coo()
         own = self.profile or cached_profile(comm.user_group)
         workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input, self.block_size, own)
@@ -93,5 +125,22 @@ class Auto(Scheme):
         history.window.append(times)
         mean = {name: sum(t[name] for t in history.window) / len(history.window) for name in self.schemes}
         history.choice = choose(mean)
+        near = [name for name in sorted(mean, key=mean.get) if mean[name] <= self.trial_margin * mean[history.choice]]
+        history.trials = near * self.trials if len(near) > 1 and phase == self.warmup - 1 else []
+        history.timings = {}
         call.stats["auto"] = dict(choice=history.choice, predicted=times, measured=True)
-        return self.schemes[history.choice]
+        return history.choice
+
+    def _timed(self, call: Call, numel: int, name: str, start: float) -> None:
+        """After a trial call: record its slowest rank's time; after the last trial, pick the smallest median."""
+        if not call.stats["auto"].get("trial"):
+            return
+        elapsed = time.perf_counter() - start
+        slowest = call.comm.all_gather_rows([round(elapsed * 1e9)]).max().item() / 1e9
+        history = self._history[(call.comm, numel)]
+        history.timings.setdefault(name, []).append(slowest)
+        call.stats["auto"]["seconds"] = slowest
+        if not history.trials:
+            medians = {s: statistics.median(t) for s, t in history.timings.items()}
+            history.choice = min(medians, key=lambda s: (medians[s], list(self.schemes).index(s)))
+            call.stats["auto"]["trial_medians"] = medians
