@@ -179,6 +179,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "settle_calls": settle_calls if scheme == "auto" else 0,
             "settle_s": settle_seconds if scheme == "auto" else 0.0,
             "auto_choice": instances[scheme].choice(comm, numel) if scheme == "auto" else None,
+            "auto_trials": instances[scheme].trial_times(comm, numel) if scheme == "auto" else None,
             "phases_predicted_ms": predicted_phases if scheme == "zen" else {},
             "profile": None if profile is None else dataclasses.asdict(profile),
             "workload": None if workload is None else dataclasses.asdict(workload),

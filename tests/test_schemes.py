@@ -237,6 +237,8 @@ def _run_predict_and_auto(rank, world):
     assert set(medians) == set(FIXED) and all(v > 0 for v in medians.values()), medians
     assert seen[-1] == dict(choice=min(medians, key=medians.get), measured=False), seen[-1]
     assert auto.settled(comm, 30011)
+    times = auto.trial_times(comm, 30011)
+    assert {k: len(v) for k, v in times.items()} == {k: 2 for k in FIXED} and seen[1]["seconds"] == times[trials[0]][0]
     out.append(("trials", (trials, medians)))
 
     # ZenState(scheme="auto") in DDP: the same gradients as DDP's own allreduce.

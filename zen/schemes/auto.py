@@ -8,7 +8,8 @@ candidate's time (``zen.cost.predict_times``) and reduces with the smallest mean
 measuring calls of the current window. The model's error (10-30% on a noisy host) exceeds the gap between
 the best schemes where they nearly tie, so the next calls are trials: every candidate predicted within
 ``trial_margin`` times the best runs ``trials`` calls (interleaved), each timed as its slowest rank's time
-(one all-gather of one int64 per trial call), and the pick is the smallest median time. Other calls go
+(one all-gather of one int64 per trial call), and the pick is the smallest median time (a median of 3 by
+default: a scheme's first call may pay one-off costs, such as zen's index sets I_j). Other calls go
 straight to the pick. Every number a decision uses was exchanged (rank 0's profile, everyone's counts, the
 slowest rank's times), so all ranks pick the same.
 
@@ -45,7 +46,7 @@ class Auto(Scheme):
     name = "auto"
 
     def __init__(self, candidates: Sequence[str] = CANDIDATES, warmup: int = 1, recheck: int = 100,
-                 block_size: int = 256, profile=None, trials: int = 2, trial_margin: float = 1.5):
+                 block_size: int = 256, profile=None, trials: int = 3, trial_margin: float = 1.5):
         """``warmup`` measuring calls every ``recheck`` calls (per group and tensor size); then ``trials`` timed
         calls of every candidate predicted within ``trial_margin`` times the best (0 trials: the model's pick
         alone); ``block_size``: OmniReduce's; ``profile``: a :class:`zen.cost.Profile` to use instead of the
@@ -89,6 +90,11 @@ class Auto(Scheme):
         """The scheme picked for tensors of ``numel`` elements on ``comm`` (None before the first call)."""
         history = self._history.get((comm, numel))
         return history.choice if history else None
+
+    def trial_times(self, comm, numel: int) -> dict:
+        """The slowest-rank seconds of each candidate's trial calls in the current window, by candidate."""
+        history = self._history.get((comm, numel))
+        return {name: list(times) for name, times in history.timings.items()} if history else {}
 
     def settled(self, comm, numel: int) -> bool:
         """Whether the next call on ``comm`` with ``numel`` elements goes straight to the pick (no
