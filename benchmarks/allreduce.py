@@ -6,9 +6,10 @@
 
 Every iteration runs the schemes side by side on the same data, starting one scheme later each time
 (A B C, B C A, C A B, ...: a call right after a heavy one runs up to 20% slower, so no scheme may always
-follow the same one), each call timed as the slowest rank's time, and every result is compared with torch.distributed.all_reduce of the same
-data (#wrong counts elements off by more than the dtype's tolerance). One row per (size, density,
-scheme):
+follow the same one), each call timed as the slowest rank's time, and every result is compared with
+torch.distributed.all_reduce of the same data (#wrong counts elements off by more than the dtype's
+tolerance). "auto" is settled first (its measuring and trial calls, untimed; see run_case). One row per
+(size, density, scheme):
 
     time     median (min, max) over iterations of the slowest rank's time of one call
     algbw    numel * s_v / time, as nccl-tests defines it (GB/s)

@@ -27,8 +27,9 @@ Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + k_r w.
 Hashing costs e per pair, merging m per pair, scattering into the output w per element, encoding or
 decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or
-read at mu; copies and dense adds cost their bytes / mu. The probe measures e, m, w, x_e, x_d and mu with every rank running the kernel at
-once (the way a call runs them), so ranks that share a host's cores or memory bandwidth show in them.
+read at mu; copies and dense adds cost their bytes / mu. The probe measures e, m, w, x_e, x_d and mu with
+every rank running the kernel at once (the way a call runs them), so ranks that share a host's cores or
+memory bandwidth show in them.
 
 Closed forms (equal k_r, balanced partitions, no latency, no local terms), which the functions below reduce
 to and the tests check:
