@@ -116,19 +116,24 @@ def merge_rounds(rows):
 
 
 def noise_table(rows):
-    """Per scheme, mean over cells and rounds of |round value - cell median| / cell median, measured and
-    predicted (rows from :func:`merge_rounds`); empty for one round."""
+    """Per scheme, over every cell (rows from :func:`merge_rounds`; empty for one round): the mean of
+    |one round's value - the median of the rounds| / that median, measured and predicted; and in how many
+    cells the prediction lies within the range of the rounds' measured times."""
     if not any(len(r.get("rounds", ())) > 1 for r in rows):
         return ""
-    lines = ["", "round-to-round spread (mean |one round - median of the rounds| / median, over every cell):",
-             f"{'scheme':>10} {'measured':>9} {'predicted':>9}"]
+    lines = ["", "round to round (over every cell): spread = mean |one round - median of the rounds| / median;",
+             "in range = cells whose prediction lies between the rounds' fastest and slowest measured time",
+             f"{'scheme':>10} {'measured':>9} {'predicted':>9} {'in range':>9}"]
     for scheme in FIXED + ("auto",):
         mine = [r for r in rows if r["scheme"] == scheme and len(r.get("rounds", ())) > 1]
         if not mine:
             continue
         spread = {key: statistics.mean(abs(x[key] - r[key]) / r[key] for r in mine for x in r["rounds"])
                   for key in ("time_median", "time_predicted")}
-        lines.append(f"{scheme:>10} {spread['time_median']:>9.1%} {spread['time_predicted']:>9.1%}")
+        inside = sum(min(x["time_median"] for x in r["rounds"]) <= r["time_predicted"]
+                     <= max(x["time_median"] for x in r["rounds"]) for r in mine)
+        lines.append(f"{scheme:>10} {spread['time_median']:>9.1%} {spread['time_predicted']:>9.1%} "
+                     f"{inside:>4} of {len(mine):<2}")
     return "\n".join(lines)
 
 
