@@ -5,7 +5,7 @@
     python benchmarks/allreduce.py --workload text --json out.json --plot out.png
 
 Every iteration runs the schemes side by side on the same data, starting one scheme later each time
-(A B C, B C A, C A B, ...: a call right after a heavy one runs up to 20% slower, so no scheme may always
+(A B C, B C A, C A B, ...: a call right after a heavy one runs ~10% slower, so no scheme may always
 follow the same one), each call timed as the slowest rank's time, and every result is compared with
 torch.distributed.all_reduce of the same data (#wrong counts elements off by more than the dtype's
 tolerance). "auto" is settled first (its measuring and trial calls, untimed; see run_case). One row per
