@@ -4,8 +4,8 @@
     python benchmarks/allreduce.py --world 8 --bandwidth 1gbit        # emulated cluster (root)
     python benchmarks/allreduce.py --workload text --json out.json --plot out.png
 
-Every iteration runs the schemes side by side on the same data, starting one scheme later each time
-(A B C, B C A, C A B, ...: a call right after a heavy one runs ~10% slower, so no scheme may always
+Every iteration runs the schemes side by side on the same data, in a new order each time (shuffled by a
+seed that every rank shares: a call right after a heavy one runs ~10% slower, so no scheme may always
 follow the same one), each call timed as the slowest rank's time, and every result is compared with
 torch.distributed.all_reduce of the same data (#wrong counts elements off by more than the dtype's
 tolerance). "auto" is settled first (its measuring and trial calls, untimed; see run_case). One row per
@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -132,7 +133,9 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     phases = {s: {} for s in schemes}
     wrong = {s: 0 for s in schemes}
     for it in range(args.warmup + args.iters):
-        for scheme in schemes[it % len(schemes):] + schemes[:it % len(schemes)]:
+        order = list(schemes)
+        random.Random(args.seed * 1000 + it).shuffle(order)
+        for scheme in order:
             x = x0.clone()
             stats = {}
             dist.barrier()
