@@ -75,6 +75,30 @@ def test_calibration_adds_each_schemes_missed_fixed_cost():
     assert shifted["agsparse"] == base["agsparse"] and shifted["auto"] == min(shifted.values())
 
 
+def test_calibration_is_interpolated_between_the_small_and_the_large_call():
+    small, large = cost.CALIBRATION_NUMELS
+    p = Profile(bandwidth=B, latency=0.0, **NO_LOCAL, calibration=(("zen", 0.5), ("dense", 0.25)),
+                calibration_large=(("zen", 1.5),))
+    assert p.miss("zen", 1000) == p.miss("zen", small) == 0.5
+    assert p.miss("zen", (small + large) // 2) == pytest.approx(1.0, abs=1e-6)
+    assert p.miss("zen", large) == p.miss("zen", 100 * large) == 1.5  # held, not extrapolated
+    assert p.miss("dense", large) == 0.25 and p.miss("agsparse", large) == 0.0
+    w = uniform(large, 4, 2000, 2.0)
+    assert predict_times(w, p)["zen"] == pytest.approx(predict_times(w, WIRE_ONLY)["zen"] + 1.5, rel=1e-12)
+
+
+def test_profile_travels_whole_between_ranks():
+    """Rank 0's profile reaches every rank through one int64 row: every field, both calibrations."""
+    from zen.prediction import _decode, _encode
+
+    p = Profile(bandwidth=1.25e8, latency=5e-5, memory_bandwidth=3e9, element_time=9e-9, write_time=5e-9,
+                merge_time=3e-8, encode_time=2e-8, decode_time=7e-9, call_overhead=8e-5,
+                overheads=(("allgather", 6e-4), ("p2p", 3e-4)), rates=(("alltoall", 1.1e8),),
+                calibration=(("dense", 0.0), ("zen", 8e-4)), calibration_large=(("zen", 0.05),))
+    assert _decode(_encode(p)) == p
+    assert len(_encode(None)) == len(_encode(p))
+
+
 @pytest.mark.parametrize("gamma", [1.0, 3.5, 8.0])
 def test_zen_is_equation_1(gamma):
     """(n-1)/n (k + gamma k) (s_i + s_v) / b with COO pulls; plus the pull-size all-gather (3 ints)."""

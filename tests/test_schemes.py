@@ -322,4 +322,5 @@ def test_schemes(world):
     assert {k for k, _ in p.overheads} == {"allgather", "allreduce", "alltoall", "p2p"}
     assert {k for k, _ in p.rates} == {"allreduce", "alltoall", "p2p"}  # the odd rank out measures no p2p
     assert {k for k, _ in p.calibration} == {"dense", "agsparse", "sparcml", "omnireduce", "zen"}
-    assert all(v >= 0 for _, v in p.calibration)
+    assert {k for k, _ in p.calibration_large} == {"agsparse", "sparcml", "omnireduce", "zen"}
+    assert all(v >= 0 for _, v in p.calibration + p.calibration_large)

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 HEADER_INTS = 6  # zen's agreement header (comm.HEADER_FIELDS), sent by every scheme's first collective
+# Sizes (elements) of the small and the large calibration call (zen.prediction.calibrate).
+CALIBRATION_NUMELS = (1 << 16, 1 << 22)
 
 # --------------------------------------------------------------------------------------------------------
 # Bytes on the wire (used by the schemes' dense switches)
@@ -85,8 +87,9 @@ class Profile:
     "allgather", "allreduce", "alltoall", "p2p"; a primitive not in it costs its message steps * latency.
     ``rates`` holds measured bytes/s per rank of "allreduce", "alltoall" and "p2p"; a primitive not in it
     runs at ``bandwidth``. ``call_overhead``: the fixed cost of one zen call (the lane hand-off).
-    ``calibration`` holds, per scheme, the seconds its formula missed on a small measured call (fixed
-    costs the per-primitive terms leave out; ``zen.prediction.calibrate``), added to its predictions."""
+    ``calibration`` and ``calibration_large`` hold, per scheme, the seconds its formula missed on a measured
+    call of ``CALIBRATION_NUMELS[0]`` and of ``CALIBRATION_NUMELS[1]`` elements (costs the per-primitive and
+    per-element terms leave out; ``zen.prediction.calibrate``); :meth:`miss` interpolates them for a call."""
 
     bandwidth: float
     latency: float
@@ -100,6 +103,7 @@ class Profile:
     overheads: tuple = ()
     rates: tuple = ()
     calibration: tuple = ()
+    calibration_large: tuple = ()
 
     def __post_init__(self):
         if not self.bandwidth > 0:
@@ -123,6 +127,19 @@ class Profile:
             return measured
         steps = {"allgather": n - 1, "allreduce": 2 * (n - 1), "alltoall": 1, "p2p": 1}[primitive]
         return steps * self.latency
+
+    def miss(self, scheme: str, numel: int) -> float:
+        """Seconds added to ``scheme``'s formula for a call of ``numel`` elements: the small calibration's
+        miss c_s up to M_s = CALIBRATION_NUMELS[0] elements, the large one's c_l from M_l = CALIBRATION_NUMELS[1]
+        on, linear in M between them: c_s + (c_l - c_s) (M - M_s) / (M_l - M_s). Not extrapolated: the
+        large call's miss (ranks that share cores waiting on each other after every local phase) grows
+        with M, but slower than M (8 ranks on 2 cores, 1 Gbit/s: ~15, ~60 and ~100 ms at 1M, 4M and 16M
+        elements). A scheme without a large calibration keeps c_s; 0 without any."""
+        small = dict(self.calibration).get(scheme, 0.0)
+        large = dict(self.calibration_large).get(scheme, small)
+        lo, hi = CALIBRATION_NUMELS
+        share = min(max((numel - lo) / (hi - lo), 0.0), 1.0)
+        return small + (large - small) * share
 
     def rate(self, primitive: str) -> float:
         """Bytes/s per rank that ``primitive`` reaches ("allreduce", "alltoall", "p2p")."""
@@ -373,8 +390,7 @@ def predict_times(w: Workload, profile: Profile, schemes: Optional[Sequence[str]
     elif w.numel == 0:  # only the agreement runs
         times = {name: profile.call_overhead + _agree(0, w, profile) for name in names}
     else:
-        extra = dict(profile.calibration)
-        times = {name: TIME_FORMULAS[name](w, profile) + extra.get(name, 0.0) for name in names}
+        times = {name: TIME_FORMULAS[name](w, profile) + profile.miss(name, w.numel) for name in names}
     times["auto"] = min(times.values())
     return times
 

@@ -130,25 +130,29 @@ def _encode(p: Optional[Profile]) -> list:
     """A profile as one row of int64 (times in picoseconds, -1 for what was not measured)."""
     schemes = list(cost.TIME_FORMULAS)
     if p is None:
-        return [0] * (_FIELDS + len(PRIMITIVES) + len(RATES) + len(schemes))
-    overheads, rates, calibration = dict(p.overheads), dict(p.rates), dict(p.calibration)
+        return [0] * (_FIELDS + len(PRIMITIVES) + len(RATES) + 2 * len(schemes))
+    overheads, rates, calibration, large = dict(p.overheads), dict(p.rates), dict(p.calibration), \
+        dict(p.calibration_large)
     return ([int(p.bandwidth), round(p.latency * _PS), int(p.memory_bandwidth), round(p.element_time * _PS),
              round(p.write_time * _PS), round(p.call_overhead * _PS), round(p.merge_time * _PS),
              round(p.encode_time * _PS), round(p.decode_time * _PS)]
             + [round(overheads[k] * _PS) if k in overheads else -1 for k in PRIMITIVES]
             + [int(rates[k]) if k in rates else -1 for k in RATES]
-            + [round(calibration[k] * _PS) if k in calibration else -1 for k in schemes])
+            + [round(calibration[k] * _PS) if k in calibration else -1 for k in schemes]
+            + [round(large[k] * _PS) if k in large else -1 for k in schemes])
 
 
 def _decode(row) -> Profile:
     row = [int(x) for x in row]
     a, b = _FIELDS + len(PRIMITIVES), _FIELDS + len(PRIMITIVES) + len(RATES)
+    c = b + len(cost.TIME_FORMULAS)
     return Profile(bandwidth=float(row[0]), latency=row[1] / _PS, memory_bandwidth=float(row[2]),
                    element_time=row[3] / _PS, write_time=row[4] / _PS, call_overhead=row[5] / _PS,
                    merge_time=row[6] / _PS, encode_time=row[7] / _PS, decode_time=row[8] / _PS,
                    overheads=tuple((k, v / _PS) for k, v in zip(PRIMITIVES, row[_FIELDS:a]) if v >= 0),
                    rates=tuple((k, float(v)) for k, v in zip(RATES, row[a:b]) if v > 0),
-                   calibration=tuple((k, v / _PS) for k, v in zip(cost.TIME_FORMULAS, row[b:]) if v >= 0))
+                   calibration=tuple((k, v / _PS) for k, v in zip(cost.TIME_FORMULAS, row[b:c]) if v >= 0),
+                   calibration_large=tuple((k, v / _PS) for k, v in zip(cost.TIME_FORMULAS, row[c:]) if v >= 0))
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -233,16 +237,24 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     profile = _decode(_median_rows(comm.all_gather_rows(row).tolist()))
     if n == 1:
         return profile
-    calibration = calibrate(comm, profile, repeats)
-    return dataclasses.replace(profile, calibration=tuple(zip(cost.TIME_FORMULAS, calibration)))
+    small, large = calibrate(comm, profile, repeats)
+    return dataclasses.replace(profile, calibration=tuple(small.items()), calibration_large=tuple(large.items()))
 
 
-def _together_time(comm: Comm, fn, repeats: int, least: float = 0.0) -> float:
+def _together_time(comm: Comm, fn, repeats: int, least: float = 0.0, prepare=None) -> float:
     """Seconds of ``fn()`` run by every rank at once, as a call's local phases run: per repeat, the
     slowest rank's time after a common start; the median over the repeats (the same on every rank).
     With ``least`` > 0, each repeat runs ``fn`` back to back as often as makes the slowest rank take at
     least ``least`` seconds (the same count on every rank) and the time is per run: a short kernel would
-    otherwise end before ranks that share cores have all been scheduled, and look uncontended."""
+    otherwise end before ranks that share cores have all been scheduled, and look uncontended.
+    ``prepare`` (only with ``least`` = 0): run before every ``fn``, untimed, its result passed to ``fn``
+    (e.g. a fresh copy of the tensor that an all-reduce overwrites, as the benchmarks make one)."""
+    if prepare is not None:
+        if least > 0:
+            raise ValueError("_together_time: prepare needs least = 0 (one run per repeat)")
+        run_once = fn
+        fn = lambda: run_once(prepared)  # noqa: E731
+        prepared = prepare()
     fn()  # warm-up
     runs = 1
     if least > 0:
@@ -253,6 +265,8 @@ def _together_time(comm: Comm, fn, repeats: int, least: float = 0.0) -> float:
         runs = max(1, min(1000, math.ceil(least / max(once, 1e-9))))
     times = []
     for _ in range(repeats):
+        if prepare is not None:
+            prepared = prepare()
         comm.all_gather_rows([0])  # the common start
         start = time.perf_counter()
         for _ in range(runs):
@@ -305,13 +319,27 @@ def _median_rows(rows) -> list:
     return agreed
 
 
-def calibrate(comm: Comm, profile: Profile, repeats: int = 5, numel: int = 1 << 16, density: float = 0.01) -> list:
-    """Seconds each scheme's formula misses on a small call (collective, on the lane): every scheme
-    all-reduces a random ``numel``-element tensor of ``density``; the miss is the call's time (from a common
-    start to the slowest rank's end, as the benchmarks time it; :func:`_together_time`) minus the formula's
-    time for that call's measured workload, at least 0. These fixed
-    costs (Python, the backend's per-message work, waiting for ranks that share cores) are what the
-    formulas' per-primitive latencies leave out; ``cost.predict_times`` adds them."""
+def calibrate(comm: Comm, profile: Profile, repeats: int = 5) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Seconds each scheme's formula misses on a small and on a large call (collective, on the lane): ({scheme:
+    miss} at ``CALIBRATION_NUMELS[0]`` elements, density 1%; {scheme: miss} at ``CALIBRATION_NUMELS[1]``,
+    density 0.01%). Every scheme all-reduces a random tensor of that size; the miss is the call's time (from
+    a common start to the slowest rank's end, as the benchmarks time it; :func:`_together_time`) minus the
+    formula's time for that call's measured workload, at least 0. The small call holds what the formulas'
+    per-primitive latencies leave out (Python, the backend's per-message work); the large one also the
+    waits that grow with the tensor: where ranks outnumber cores, a rank descheduled in a long local phase
+    (the scan of M elements...) holds up every peer at the next collective, which the kernel probe's
+    per-element rates (averaged over many back-to-back runs) do not see. Dense's formula has no local
+    phase to be held up in, and its large call is the slowest of all (a ring all-reduce of 16 MiB), so
+    it is calibrated small only. ``cost.Profile.miss`` interpolates between the two."""
+    misses = []
+    for numel, density, names in ((cost.CALIBRATION_NUMELS[0], 0.01, list(cost.TIME_FORMULAS)),
+                                  (cost.CALIBRATION_NUMELS[1], 1e-4, [s for s in cost.TIME_FORMULAS if s != "dense"])):
+        misses.append(_misses(comm, profile, repeats, numel, density, names))
+    return misses[0], misses[1]
+
+
+def _misses(comm: Comm, profile: Profile, repeats: int, numel: int, density: float, names) -> Dict[str, float]:
+    """{scheme: measured - predicted seconds, at least 0} for all-reducing a random tensor (see :func:`calibrate`)."""
     from .collective import reduce_now
     from .schemes import make_scheme
 
@@ -321,12 +349,13 @@ def calibrate(comm: Comm, profile: Profile, repeats: int = 5, numel: int = 1 << 
     x = x.to(comm.device)
     indices, values = ops.nonzero(x)
     workload, _ = measure_now(comm, comm.all_gather_rows, indices, values, numel, True, want_profile=False)
-    predicted = cost.predict_times(workload, profile)
-    misses = []
-    for name in cost.TIME_FORMULAS:
+    uncalibrated = dataclasses.replace(profile, calibration=(), calibration_large=())
+    predicted = cost.predict_times(workload, uncalibrated, names)
+    misses = {}
+    for name in names:
         scheme = make_scheme(name)
-        measured = _together_time(comm, lambda: reduce_now(comm, x.clone(), scheme), repeats)
-        misses.append(max(0.0, measured - predicted[name]))
+        measured = _together_time(comm, lambda y: reduce_now(comm, y, scheme), repeats, prepare=x.clone)
+        misses[name] = max(0.0, measured - predicted[name])
     return misses
 
 
