@@ -187,17 +187,28 @@ def test_local_terms():
 
 def test_bitmap_coding_costs_per_index_plus_its_bytes():
     """Encode: x_e |U_r| + |I_r| / 8 / mu on the rank with the largest union piece; decode: the sum over
-    the n bitmap pieces of x_d |U_j| + |I_j| / 8 / mu; nothing where COO wins."""
+    the n bitmap pieces of x_d |U_j| + |I_j| / 8 / mu + the lines of I_j read / mu; nothing where COO wins."""
     n, numel = 4, 1 << 20
     coding = dict(NO_LOCAL, memory_bandwidth=1e9, encode_time=3e-9, decode_time=2e-9)
     w = estimate_workload(numel, n, numel // 8, 4.0, hash_imbalance=1.2)  # union 50%: the bitmap wins
     phases = cost.zen_phases(w, Profile(bandwidth=1e300, latency=0.0, **coding))
     bitmap_bytes = numel / n / 8 / 1e9
     assert phases["encode"] == pytest.approx(max(w.hash_union) * 3e-9 + bitmap_bytes, rel=1e-9)
-    assert phases["decode"] == pytest.approx(w.union * 2e-9 + n * bitmap_bytes, rel=1e-9)
+    lines = sum(cost.lines_bytes(u, numel / n, 4) for u in w.hash_union)
+    assert numel * 4 * 0.99 < lines <= numel * 4  # half full: nearly every line of every I_j
+    assert phases["decode"] == pytest.approx(w.union * 2e-9 + n * bitmap_bytes + lines / 1e9, rel=1e-9)
     sparse = estimate_workload(numel, n, numel // 1000, 4.0)  # union 0.4%: COO
     phases = cost.zen_phases(sparse, Profile(bandwidth=1e300, latency=0.0, **coding))
     assert phases["encode"] == 0.0 and phases["decode"] == 0.0
+
+
+def test_lines_bytes_counts_the_cache_lines_touched():
+    span = 1 << 16
+    assert cost.lines_bytes(span, span, 4) == span * 4 and cost.lines_bytes(0, span, 4) == 0.0
+    assert cost.lines_bytes(span / 16, span, 4) == pytest.approx(span * 4 * (1 - (15 / 16) ** 16))
+    assert cost.lines_bytes(10, span, 4) == pytest.approx(10 * 64, rel=0.01)  # sparse: a line per read
+    sizes = [cost.lines_bytes(c, span, 8) for c in (1, 100, 1000, 10000, span)]
+    assert sizes == sorted(sizes)
 
 
 def test_profile_validates():

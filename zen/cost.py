@@ -14,7 +14,8 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
     m      time per pair merged by ``ops.aggregate`` (zen's aggregate, agsparse's sum, SparCML's merges), s
     w      time per element written at ascending positions (the scan's output, the scatter), s
     x_e    time per index encoded into a hash bitmap (a galloping search of I_j and a bit set), s
-    x_d    time per index decoded from a hash bitmap (a set bit found and its I_j element written), s
+    x_d    time per index decoded from a hash bitmap (a set bit found and its I_j element written; the
+           cache lines of I_j it reads are counted apart, at mu), s
 
 Wire terms. A collective finishes when its most loaded link does: an all-to-all in which rank r sends S_r
 and receives R_r bytes takes  c_a2a + max_r max(S_r, R_r) / b_a2a;  a ring all-gather of R bytes per rank
@@ -27,7 +28,9 @@ Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + k_r w.
 Hashing costs e per pair, merging m per pair, scattering into the output w per element, encoding or
 decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or
-read at mu; copies and dense adds cost their bytes / mu. The probe measures e, m, w, x_e, x_d and mu with
+read at mu; a decode also reads the cache lines of I_j that hold its |U_j| indices (:func:`lines_bytes`:
+nearly all of I_j once the fill passes 1/16, so at 8% fill these reads cost 8x the per-index work);
+copies and dense adds cost their bytes / mu. The probe measures e, m, w, x_e, x_d and mu with
 every rank running the kernel at once (the way a call runs them), so ranks that share a host's cores or
 memory bandwidth show in them.
 
@@ -243,6 +246,19 @@ def _zen_pull_piece(count: float, w: Workload) -> float:
     return min(_coo(count, w), count * w.value_size + w.numel / w.n / 8.0)
 
 
+def lines_bytes(count: float, span: float, item_size: int, line: int = 64) -> float:
+    """Expected bytes of the ``line``-byte cache lines of a ``span``-item array (``item_size`` bytes per item)
+    that reads of ``count`` items spread uniformly over it touch: span s (1 - (1 - count / span)^(line / s)).
+
+    >>> lines_bytes(0, 1000, 4), lines_bytes(1000, 1000, 4), round(lines_bytes(1, 1000, 4))
+    (0.0, 4000.0, 64)
+    """
+    if span <= 0 or count <= 0:
+        return 0.0
+    fill = min(count / span, 1.0)
+    return float(span) * item_size * (-math.expm1(line / item_size * math.log1p(-fill)) if fill < 1 else 1.0)
+
+
 def _aggregate_bytes(count: float, unique: float, w: Workload) -> float:
     """Peak bytes of ``ops.aggregate`` on ``count`` pairs with ``unique`` results: its scratch (count indices
     and count sums, in the accumulation type: at least 4 bytes) and its output (unique pairs)."""
@@ -281,7 +297,7 @@ def zen_phases(w: Workload, p: Profile) -> Dict[str, float]:
     for the other partitions, receives theirs for its own); aggregate (m per received pair); encode
     (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the sizes' all-gather and the all-to-all
     of the repeated pieces (COO or hash bitmap, whichever smaller); decode (x_d |U_j| + |I_j| / 8 / mu
-    per bitmap piece); scatter: the write-back of U."""
+    per bitmap piece, plus the lines of I_j read, :func:`lines_bytes`, at mu); scatter: the write-back of U."""
     n, c = w.n, w.hash_counts
     phases = dict(scan=_scan(w, p), partition=max(w.nnz) * p.element_time, agree=_agree(n, w, p))
     if n <= 1:
@@ -297,7 +313,8 @@ def zen_phases(w: Workload, p: Profile) -> Dict[str, float]:
     phases["encode"] = max(u * p.encode_time + bitmap_bytes if b else 0.0 for u, b in zip(w.hash_union, bitmap))
     phases["pull"] = (_allgather(3, w, p) + n * max(pieces) / p.memory_bandwidth
                       + _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p))
-    phases["decode"] = sum(u * p.decode_time + bitmap_bytes for u, b in zip(w.hash_union, bitmap) if b)
+    phases["decode"] = sum(u * p.decode_time + bitmap_bytes + lines_bytes(u, w.numel / n, w.index_size)
+                           / p.memory_bandwidth for u, b in zip(w.hash_union, bitmap) if b)
     phases["scatter"] = _write_back(w.union, w, p)
     return phases
 

@@ -280,8 +280,11 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     """The local terms of :class:`zen.cost.Profile`, from zen's kernels on a ``numel``-element float tensor
     (16 MiB: past most caches once a few ranks share a host), every rank at once (:func:`_together_time`):
     the non-zero scan of zeros (mu), the hash partition (e) and the aggregate of n ascending runs of one
-    partition (m) of numel / 16 pairs, the scatter of numel / 8 ascending indices (w), and the hash bitmap's
-    encode (x_e) and decode (x_d) of a quarter of the index set I_0 (per index encoded or decoded)."""
+    partition (m) of numel / 16 pairs, the scatter of numel / 8 ascending indices (w), the hash bitmap's
+    encode (x_e) of a quarter of the index set I_0 (per index encoded), and its decode as zen's pull ends:
+    those numel / 8 indices split by the hash into n pieces, each decoded from its bitmap over its own I_j
+    (x_d: per index decoded, less the lines of the n index sets read at mu, which the model counts apart;
+    one I_j decoded alone stays in the caches that n of them do not)."""
     n, device = max(comm.world, 2), comm.device
     probes = default_probes(device)
     generator = torch.Generator().manual_seed(comm.seed + comm.rank)
@@ -295,19 +298,28 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     sets, offsets = ops.bitmap_index_sets(numel, n, comm.seed, device)
     index_set = sets[offsets[0]:offsets[1]]
     subset = index_set[torch.randperm(index_set.numel(), generator=generator)[:index_set.numel() // 4].sort().values]
-    bitmap = ops.bitmap_encode(subset, index_set)
     written = torch.sort(torch.randperm(numel, generator=generator)[:numel // 8]).values.to(device=device,
                                                                                           dtype=torch.int32)
+    owner = ops.hash_partition(written, n, comm.seed)
+    bitmaps = []
+    for j in range(n):
+        own = sets[offsets[j]:offsets[j + 1]]
+        piece = written[owner == j]
+        bitmaps.append((ops.bitmap_encode(piece, own), own, piece.numel()))
 
     def per(fn, items):
         return _together_time(comm, fn, repeats, least=RATE_SECONDS) / items
 
-    return dict(memory_bandwidth=1.0 / per(lambda: ops.nonzero(zeros), numel * zeros.element_size()),
+    memory_bandwidth = 1.0 / per(lambda: ops.nonzero(zeros), numel * zeros.element_size())
+    decoded = per(lambda: [ops.bitmap_decode(*coded) for coded in bitmaps], written.numel())
+    lines = sum(cost.lines_bytes(decodes, own.numel(), own.element_size()) for _, own, decodes in bitmaps)
+    return dict(memory_bandwidth=memory_bandwidth,
                 element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
                 merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
                 write_time=per(lambda: ops.scatter_(zeros, written, val), written.numel()),
                 encode_time=per(lambda: ops.bitmap_encode(subset, index_set), subset.numel()),
-                decode_time=per(lambda: ops.bitmap_decode(bitmap, index_set, subset.numel()), subset.numel()))
+                # (at least a tenth of the whole: finding the set bits is never free)
+                decode_time=max(decoded - lines / written.numel() / memory_bandwidth, 0.1 * decoded))
 
 
 def _median_rows(rows) -> list:
