@@ -56,9 +56,16 @@ def run_cell(args, world, bandwidth):
         else:
             cmd += ["--sizes", args.sizes, "--densities", args.densities, "--workload", args.workload]
         print(f"[sweep] {world} ranks at {bandwidth}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-        steal_before, total_before = cpu_steal()
-        subprocess.run(cmd, check=True)
-        steal_after, total_after = cpu_steal()
+        for attempt in range(2):  # a run that fails (e.g. a rank aborting in gloo's teardown) runs once more
+            steal_before, total_before = cpu_steal()
+            code = subprocess.run(cmd).returncode
+            steal_after, total_after = cpu_steal()
+            if code == 0:
+                break
+            print(f"[sweep] that run failed (exit {code})" + ("; once more" if attempt == 0 else ""),
+                  file=sys.stderr, flush=True)
+        else:
+            raise RuntimeError(f"sweep: {world} ranks at {bandwidth} failed twice")
         with open(out) as f:
             rows = json.load(f)
     for row in rows:

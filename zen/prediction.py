@@ -237,7 +237,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     profile = _decode(_median_rows(comm.all_gather_rows(row).tolist()))
     if n == 1:
         return profile
-    small, large = calibrate(comm, profile, repeats)
+    small, large = calibrate(comm, profile, 2 * repeats + 1)  # (a miss is a difference of two noisy times)
     return dataclasses.replace(profile, calibration=tuple(small.items()), calibration_large=tuple(large.items()))
 
 

@@ -100,8 +100,11 @@ class Auto(Scheme):
         """Whether the next call on ``comm`` with ``numel`` elements goes straight to the pick (no
         measuring, no trial): what a benchmark of the steady state waits for."""
         history = self._history.get((comm, numel))
-        return (history is not None and history.calls % self.recheck >= self.warmup and not history.trials
-                and history.choice is not None)
+        return history is not None and self._past_measuring(history) and not history.trials
+
+    def _past_measuring(self, history: _History) -> bool:
+        """Whether the next call of ``history`` is past this window's measuring calls (a pick made)."""
+        return history.calls % self.recheck >= self.warmup and history.choice is not None
 
     def _pick(self, call: Call, numel: int, coo) -> str:
         """The scheme for this call: the model's pick on measuring calls, the next trial, or the pick."""
@@ -112,8 +115,9 @@ class Auto(Scheme):
         with self._lock:
             history = self._history.setdefault((comm, numel), _History())
         phase = history.calls % self.recheck
+        past_measuring = self._past_measuring(history)
         history.calls += 1
-        if phase >= self.warmup and history.choice is not None:
+        if past_measuring:
             if history.trials:
                 name = history.trials.pop(0)
                 call.stats["auto"] = dict(choice=name, measured=False, trial=True)
