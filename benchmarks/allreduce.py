@@ -202,13 +202,14 @@ def format_table(rows):
     for text in sorted(profiles):
         p = json.loads(text)
         rates = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in p["rates"])
+        large = dict(p.get("calibration_large", ()))
+        calibration = ", ".join(f"{k} {v * 1e3:.1f}/" + (f"{large[k] * 1e3:.1f}" if k in large else "-")
+                                for k, v in p["calibration"])
         lines.append(f"profile (probed): MB/s per rank {rates}; latency {p['latency'] * 1e6:.0f} us; memory "
                      f"{p['memory_bandwidth'] / 1e9:.2f} GB/s; ns per hashed pair {p['element_time'] * 1e9:.1f}, "
                      f"merged pair {p.get('merge_time', 0) * 1e9:.1f}, written element {p['write_time'] * 1e9:.1f}, "
                      f"bitmap index encoded {p.get('encode_time', 0) * 1e9:.2f}, "
-                     f"decoded {p.get('decode_time', 0) * 1e9:.2f}; calibration ms (small/large call) "
-                     + ", ".join(f"{k} {v * 1e3:.1f}/" + (f"{large[k] * 1e3:.1f}" if k in large else "-")
-                                 for large in [dict(p.get("calibration_large", ()))] for k, v in p["calibration"]))
+                     f"decoded {p.get('decode_time', 0) * 1e9:.2f}; calibration ms (small/large call) {calibration}")
     lines += [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['union_density']:>7.2%} {r['imbalance_hash']:>8.2f} "

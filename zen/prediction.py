@@ -343,11 +343,9 @@ def calibrate(comm: Comm, profile: Profile, repeats: int = 5) -> Tuple[Dict[str,
     per-element rates (averaged over many back-to-back runs) do not see. Dense's formula has no local
     phase to be held up in, and its large call is the slowest of all (a ring all-reduce of 16 MiB), so
     it is calibrated small only. ``cost.Profile.miss`` interpolates between the two."""
-    misses = []
-    for numel, density, names in ((cost.CALIBRATION_NUMELS[0], 0.01, list(cost.TIME_FORMULAS)),
-                                  (cost.CALIBRATION_NUMELS[1], 1e-4, [s for s in cost.TIME_FORMULAS if s != "dense"])):
-        misses.append(_misses(comm, profile, repeats, numel, density, names))
-    return misses[0], misses[1]
+    small, large = cost.CALIBRATION_NUMELS
+    return (_misses(comm, profile, repeats, small, 0.01, list(cost.TIME_FORMULAS)),
+            _misses(comm, profile, repeats, large, 1e-4, [s for s in cost.TIME_FORMULAS if s != "dense"]))
 
 
 def _misses(comm: Comm, profile: Profile, repeats: int, numel: int, density: float, names) -> Dict[str, float]:
