@@ -83,8 +83,7 @@ def repredict(rows):
     for row in rows:
         if row.get("workload") and row.get("profile"):
             profile = dict(row["profile"])
-            profile["overheads"] = tuple(tuple(x) for x in profile["overheads"])
-            for key in ("rates", "calibration", "calibration_large"):
+            for key in ("overheads", "rates", "calibration", "calibration_large"):
                 profile[key] = tuple(tuple(x) for x in profile.get(key, ()))
             workload, profile = Workload(**row["workload"]), Profile(**profile)
             times = predict_times(workload, profile)

@@ -126,20 +126,29 @@ _FIELDS = 9  # bandwidth, latency, memory_bandwidth, element_time, write_time, c
 #             encode_time, decode_time
 
 
+def _times_columns(pairs, names) -> list:
+    """(name, seconds) pairs as one column per name, in picoseconds; -1 for a name not in them."""
+    times = dict(pairs)
+    return [round(times[k] * _PS) if k in times else -1 for k in names]
+
+
+def _times_pairs(names, columns) -> tuple:
+    """The inverse of :func:`_times_columns`."""
+    return tuple((k, v / _PS) for k, v in zip(names, columns) if v >= 0)
+
+
 def _encode(p: Optional[Profile]) -> list:
     """A profile as one row of int64 (times in picoseconds, -1 for what was not measured)."""
     schemes = list(cost.TIME_FORMULAS)
     if p is None:
         return [0] * (_FIELDS + len(PRIMITIVES) + len(RATES) + 2 * len(schemes))
-    overheads, rates, calibration, large = dict(p.overheads), dict(p.rates), dict(p.calibration), \
-        dict(p.calibration_large)
+    rates = dict(p.rates)
     return ([int(p.bandwidth), round(p.latency * _PS), int(p.memory_bandwidth), round(p.element_time * _PS),
              round(p.write_time * _PS), round(p.call_overhead * _PS), round(p.merge_time * _PS),
              round(p.encode_time * _PS), round(p.decode_time * _PS)]
-            + [round(overheads[k] * _PS) if k in overheads else -1 for k in PRIMITIVES]
+            + _times_columns(p.overheads, PRIMITIVES)
             + [int(rates[k]) if k in rates else -1 for k in RATES]
-            + [round(calibration[k] * _PS) if k in calibration else -1 for k in schemes]
-            + [round(large[k] * _PS) if k in large else -1 for k in schemes])
+            + _times_columns(p.calibration, schemes) + _times_columns(p.calibration_large, schemes))
 
 
 def _decode(row) -> Profile:
@@ -149,10 +158,10 @@ def _decode(row) -> Profile:
     return Profile(bandwidth=float(row[0]), latency=row[1] / _PS, memory_bandwidth=float(row[2]),
                    element_time=row[3] / _PS, write_time=row[4] / _PS, call_overhead=row[5] / _PS,
                    merge_time=row[6] / _PS, encode_time=row[7] / _PS, decode_time=row[8] / _PS,
-                   overheads=tuple((k, v / _PS) for k, v in zip(PRIMITIVES, row[_FIELDS:a]) if v >= 0),
+                   overheads=_times_pairs(PRIMITIVES, row[_FIELDS:a]),
                    rates=tuple((k, float(v)) for k, v in zip(RATES, row[a:b]) if v > 0),
-                   calibration=tuple((k, v / _PS) for k, v in zip(cost.TIME_FORMULAS, row[b:c]) if v >= 0),
-                   calibration_large=tuple((k, v / _PS) for k, v in zip(cost.TIME_FORMULAS, row[c:]) if v >= 0))
+                   calibration=_times_pairs(cost.TIME_FORMULAS, row[b:c]),
+                   calibration_large=_times_pairs(cost.TIME_FORMULAS, row[c:]))
 
 
 def _median_time(fn, repeats: int) -> float:
