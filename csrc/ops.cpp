@@ -28,7 +28,28 @@ TORCH_LIBRARY(zen, m) {
   m.def("bitmap_decode(Tensor bitmap, Tensor index_set, int count) -> Tensor");
   // out[indices[i]] = values[i], bounds checked.
   m.def("scatter_(Tensor(a!) out, Tensor indices, Tensor values) -> ()");
+  // scatter_ of several pieces with disjoint indices (each ascending, for the CPU's blocked writes).
+  m.def("scatter_pieces_(Tensor(a!) out, Tensor[] indices, Tensor[] values) -> ()");
 }
+
+// Any device without its own scatter_pieces_ (the GPU, whose random writes gain nothing from blocking):
+// one scatter_ per piece, every piece's bounds checked first.
+static void scatter_pieces_each(at::Tensor& out, at::TensorList indices, at::TensorList values) {
+  TORCH_CHECK(indices.size() == values.size(), "scatter_pieces_: ", indices.size(), " index pieces but ",
+              values.size(), " value pieces");
+  for (size_t p = 0; p < indices.size(); ++p) {
+    if (indices[p].numel() == 0) continue;
+    const auto [lo, hi] = at::aminmax(indices[p]);
+    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < out.numel(), "scatter index out of range: [",
+                lo.item<int64_t>(), ", ", hi.item<int64_t>(), "] for an output of ", out.numel(), " elements");
+  }
+  static const auto scatter = c10::Dispatcher::singleton()
+                                  .findSchemaOrThrow("zen::scatter_", "")
+                                  .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  for (size_t p = 0; p < indices.size(); ++p) scatter.call(out, indices[p], values[p]);
+}
+
+TORCH_LIBRARY_IMPL(zen, CompositeExplicitAutograd, m) { m.impl("scatter_pieces_", &scatter_pieces_each); }
 
 static bool has_cuda_kernels() {
 #ifdef ZEN_WITH_CUDA

@@ -282,6 +282,42 @@ def test_scatter_matches_reference(case, dtype):
     assert torch.equal(out.cpu(), ref)
 
 
+@given(sparse_index_sets(max_numel=100_000), st.integers(1, 9), st.sampled_from(DTYPES), st.integers(0, 2**31))
+def test_scatter_pieces_matches_reference(case, pieces, dtype, seed):
+    """Disjoint pieces interleaved over the whole output (past the CPU's 64 KiB blocks), some shuffled
+    (out of order: written as they come) and some empty, as scatter_ of each would write them."""
+    numel, idx = case
+    g = torch.Generator().manual_seed(seed)
+    val = values_for(idx.numel(), dtype, 5)
+    owner = torch.randint(0, pieces, (idx.numel(),), generator=g)
+    split = []
+    for j in range(pieces):
+        i, v = idx[owner == j], val[owner == j]
+        if j % 3 == 2:
+            order = torch.randperm(i.numel(), generator=g)
+            i, v = i[order], v[order]
+        split.append((i.to(torch.int32).to(DEVICE), v.to(DEVICE)))
+    out = torch.zeros(numel, dtype=dtype, device=DEVICE)
+    ops.scatter_pieces_(out, split)
+    ref = torch.zeros(numel, dtype=dtype)
+    ref[idx] = val
+    assert torch.equal(out.cpu(), ref)
+
+
+def test_scatter_pieces_checks_every_piece_before_writing():
+    out = torch.zeros(5, device=DEVICE)
+    one = (torch.tensor([1], dtype=torch.int32, device=DEVICE), torch.ones(1, device=DEVICE))
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.scatter_pieces_(out, [one, (torch.tensor([5], dtype=torch.int32, device=DEVICE), torch.ones(1, device=DEVICE))])
+    assert not out.any()
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ops.scatter_pieces_(out, [one, (torch.tensor([2], device=DEVICE), torch.ones(1, device=DEVICE))])
+    with pytest.raises(RuntimeError, match="2 index pieces but 1 value"):
+        torch.ops.zen.scatter_pieces_(out, [one[0], one[0]], [one[1]])
+    ops.scatter_pieces_(out, [])
+    assert not out.any()
+
+
 def test_scatter_rejects_out_of_range():
     out = torch.zeros(5, device=DEVICE)
     with pytest.raises(RuntimeError, match="out of range"):
@@ -298,5 +334,7 @@ def test_ops_pass_opcheck():
                           test_utils=("test_schema",))
     torch.library.opcheck(torch.ops.zen.aggregate.default, (idx, val, 10, 1, 0, -1), test_utils=("test_schema",))
     torch.library.opcheck(torch.ops.zen.scatter_.default, (torch.zeros(10, device=DEVICE), idx, val),
+                          test_utils=("test_schema",))
+    torch.library.opcheck(torch.ops.zen.scatter_pieces_.default, (torch.zeros(10, device=DEVICE), [idx], [val]),
                           test_utils=("test_schema",))
     assert zen.ops.hash_partition(idx, 4, 1).dtype == torch.int32

@@ -3,7 +3,7 @@
 The C++ kernels are registered per device; these wrappers only document and forward. See
 ``csrc/ops.cpp`` for the schemas.
 """
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import torch
 
@@ -79,4 +79,12 @@ def bitmap_decode(bitmap: Tensor, index_set: Tensor, count: int = -1) -> Tensor:
 def scatter_(out: Tensor, indices: Tensor, values: Tensor) -> Tensor:
     """out[indices] = values on a contiguous 1-D ``out``, bounds checked. Returns ``out``."""
     torch.ops.zen.scatter_(out, indices, values)
+    return out
+
+
+def scatter_pieces_(out: Tensor, pieces: Sequence[Tuple[Tensor, Tensor]]) -> Tensor:
+    """:func:`scatter_` of every (indices, values) piece; the pieces' indices are disjoint. On the CPU, pieces
+    whose indices ascend are written block by block of ``out`` (each block read from memory once, not
+    once per piece: zen's n pulled partitions interleave over the whole output). Returns ``out``."""
+    torch.ops.zen.scatter_pieces_(out, [p[0] for p in pieces], [p[1] for p in pieces])
     return out

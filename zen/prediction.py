@@ -289,7 +289,8 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     """The local terms of :class:`zen.cost.Profile`, from zen's kernels on a ``numel``-element float tensor
     (16 MiB: past most caches once a few ranks share a host), every rank at once (:func:`_together_time`):
     the non-zero scan of zeros (mu), the hash partition (e) and the aggregate of n ascending runs of one
-    partition (m) of numel / 16 pairs, the scatter of numel / 8 ascending indices (w), the hash bitmap's
+    partition (m) of numel / 16 pairs, the write-back of numel / 8 ascending indices in n pieces split by
+    the hash (w; ``ops.scatter_pieces_``, as a call writes its union), the hash bitmap's
     encode (x_e) of a quarter of the index set I_0 (per index encoded), and its decode as zen's pull ends:
     those numel / 8 indices split by the hash into n pieces, each decoded from its bitmap over its own I_j
     (x_d: per index decoded, less the lines of the n index sets read at mu, which the model counts apart;
@@ -310,11 +311,12 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     written = torch.sort(torch.randperm(numel, generator=generator)[:numel // 8]).values.to(device=device,
                                                                                           dtype=torch.int32)
     owner = ops.hash_partition(written, n, comm.seed)
-    bitmaps = []
+    bitmaps, scattered = [], []
     for j in range(n):
         own = sets[offsets[j]:offsets[j + 1]]
         piece = written[owner == j]
         bitmaps.append((ops.bitmap_encode(piece, own), own, piece.numel()))
+        scattered.append((piece, val[:piece.numel()]))
 
     def per(fn, items):
         return _together_time(comm, fn, repeats, least=RATE_SECONDS) / items
@@ -325,7 +327,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     return dict(memory_bandwidth=memory_bandwidth,
                 element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
                 merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
-                write_time=per(lambda: ops.scatter_(zeros, written, val), written.numel()),
+                write_time=per(lambda: ops.scatter_pieces_(zeros, scattered), written.numel()),
                 encode_time=per(lambda: ops.bitmap_encode(subset, index_set), subset.numel()),
                 # (at least a tenth of the whole: finding the set bits is never free)
                 decode_time=max(decoded - lines / written.numel() / memory_bandwidth, 0.1 * decoded))

@@ -1,26 +1,50 @@
 // Scatter of (indices, values) into a dense output: out[indices[i]] = values[i], bounds checked first.
+// scatter_pieces_ writes several pieces (disjoint index sets, each ascending, together spread over the
+// whole output: zen's n pulled partitions) block by block of the output, so a block is read from memory
+// once while every piece writes into it, not once per piece.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "zen/checks.h"
 
 namespace zen {
 namespace {
 
-void scatter_cpu(at::Tensor& out, const at::Tensor& indices, const at::Tensor& values) {
-  check_pair(indices, values);
+constexpr int64_t kBlockBytes = 64 << 10;  // a block of the output stays in a core's L2 while the pieces write
+
+void check_out(const at::Tensor& out, const at::Tensor& values) {
   check_1d(out, "out");
   TORCH_CHECK(out.scalar_type() == values.scalar_type(), "out and values must have the same dtype, got ",
               out.scalar_type(), " and ", values.scalar_type());
+}
+
+// Fails naming the range when an index lies outside [0, numel); whether the indices ascend strictly.
+template <typename index_t>
+bool check_range(const index_t* idx, int64_t count, int64_t numel) {
+  if (count == 0) return true;
+  index_t lo = idx[0], hi = idx[0];
+  bool ascending = true;
+  for (int64_t i = 1; i < count; ++i) {
+    ascending &= idx[i - 1] < idx[i];
+    lo = std::min(lo, idx[i]);
+    hi = std::max(hi, idx[i]);
+  }
+  TORCH_CHECK(lo >= 0 && hi < numel, "scatter index out of range: [", (int64_t)lo, ", ", (int64_t)hi,
+              "] for an output of ", numel, " elements");
+  return ascending;
+}
+
+void scatter_cpu(at::Tensor& out, const at::Tensor& indices, const at::Tensor& values) {
+  check_pair(indices, values);
+  check_out(out, values);
   const int64_t numel = out.numel(), count = indices.numel();
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "zen_scatter", [&] {
     const index_t* idx = indices.const_data_ptr<index_t>();
-    if (count > 0) {
-      const auto [lo, hi] = std::minmax_element(idx, idx + count);
-      TORCH_CHECK(*lo >= 0 && *hi < numel, "scatter index out of range: [", (int64_t)*lo, ", ", (int64_t)*hi,
-                  "] for an output of ", numel, " elements");
-    }
+    check_range(idx, count, numel);
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "zen_scatter", [&] {
       const scalar_t* val = values.const_data_ptr<scalar_t>();
       scalar_t* o = out.data_ptr<scalar_t>();
@@ -31,8 +55,63 @@ void scatter_cpu(at::Tensor& out, const at::Tensor& indices, const at::Tensor& v
   });
 }
 
+void scatter_pieces_cpu(at::Tensor& out, at::TensorList indices, at::TensorList values) {
+  TORCH_CHECK(indices.size() == values.size(), "scatter_pieces_: ", indices.size(), " index pieces but ",
+              values.size(), " value pieces");
+  if (indices.empty()) return;
+  for (size_t p = 0; p < indices.size(); ++p) {
+    check_pair(indices[p], values[p]);
+    check_out(out, values[p]);
+    TORCH_CHECK(indices[p].scalar_type() == indices[0].scalar_type(),
+                "scatter_pieces_: every piece's indices must have the same dtype, got ", indices[0].scalar_type(),
+                " and ", indices[p].scalar_type());
+  }
+  const int64_t numel = out.numel(), pieces = indices.size();
+  AT_DISPATCH_INDEX_TYPES(indices[0].scalar_type(), "zen_scatter_pieces", [&] {
+    std::vector<const index_t*> idx(pieces);
+    std::vector<int64_t> count(pieces);
+    std::vector<char> ascending(pieces);
+    std::vector<const void*> vals(pieces);
+    for (int64_t p = 0; p < pieces; ++p) {  // every piece checked before anything is written
+      idx[p] = indices[p].const_data_ptr<index_t>();
+      count[p] = indices[p].numel();
+      ascending[p] = check_range(idx[p], count[p], numel);
+      vals[p] = values[p].const_data_ptr();
+    }
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, values[0].scalar_type(), "zen_scatter_pieces", [&] {
+      scalar_t* o = out.data_ptr<scalar_t>();
+      const int64_t block = std::max<int64_t>(1, kBlockBytes / static_cast<int64_t>(sizeof(scalar_t)));
+      const int64_t blocks = (numel + block - 1) / block;
+      at::parallel_for(0, blocks, 16, [&](int64_t first, int64_t last) {
+        std::vector<int64_t> cursor(pieces);
+        for (int64_t p = 0; p < pieces; ++p)
+          cursor[p] = ascending[p] ? std::lower_bound(idx[p], idx[p] + count[p], first * block) - idx[p] : 0;
+        for (int64_t b = first; b < last; ++b) {
+          const int64_t end = std::min(numel, (b + 1) * block);
+          for (int64_t p = 0; p < pieces; ++p) {
+            if (!ascending[p]) continue;
+            const index_t* ix = idx[p];
+            const scalar_t* val = static_cast<const scalar_t*>(vals[p]);
+            int64_t i = cursor[p];
+            for (; i < count[p] && ix[i] < end; ++i) o[ix[i]] = val[i];
+            cursor[p] = i;
+          }
+        }
+      });
+      for (int64_t p = 0; p < pieces; ++p) {  // a piece out of order is written as it comes
+        if (ascending[p]) continue;
+        const scalar_t* val = static_cast<const scalar_t*>(vals[p]);
+        for (int64_t i = 0; i < count[p]; ++i) o[idx[p][i]] = val[i];
+      }
+    });
+  });
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(zen, CPU, m) { m.impl("scatter_", &scatter_cpu); }
+TORCH_LIBRARY_IMPL(zen, CPU, m) {
+  m.impl("scatter_", &scatter_cpu);
+  m.impl("scatter_pieces_", &scatter_pieces_cpu);
+}
 
 }  // namespace zen

@@ -62,8 +62,7 @@ class BalancedParallelism(Scheme):
         indices, values = ops.nonzero(flat)
         call.mark("scan")
         pieces = self._sync(call, indices, values, flat.numel(), dense_fallback=flat if self.dense_switch else None)
-        for union_indices, union_values in pieces:
-            ops.scatter_(flat, union_indices, union_values)
+        ops.scatter_pieces_(flat, pieces)
         call.mark("scatter")
 
     def reduce_coo(self, call, indices, values, numel):

@@ -46,8 +46,7 @@ class Scheme:
         are zero already: no clearing pass is needed."""
         indices, values = ops.nonzero(flat)
         call.mark("scan")
-        for union_indices, union_values in self.reduce_coo(call, indices, values, flat.numel()):
-            ops.scatter_(flat, union_indices, union_values)
+        ops.scatter_pieces_(flat, self.reduce_coo(call, indices, values, flat.numel()))
         call.mark("scatter")
 
     def reduce_coo(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> List[Tuple[Tensor, Tensor]]:
