@@ -177,10 +177,12 @@ def test_latency_terms_count_message_steps():
 
 
 def test_local_terms():
-    """The non-zero scan reads the tensor: M s_v / mu; a COO input skips it."""
+    """The non-zero scan reads the tensor: M s_v / mu; the write-back of the union U writes its cache lines,
+    a line per element while U is sparse; a COO input skips both."""
     slow_memory = Profile(bandwidth=1e300, latency=0.0, **dict(NO_LOCAL, memory_bandwidth=1e6))
     w = uniform(10**6, 1, 1000, 1.0)
-    assert cost.agsparse_time(w, slow_memory) == pytest.approx(4e6 / 1e6)
+    assert cost.lines_bytes(w.union, 10**6, 4) == pytest.approx(1000 * 64, rel=0.01)
+    assert cost.agsparse_time(w, slow_memory) == pytest.approx((4e6 + cost.lines_bytes(w.union, 10**6, 4)) / 1e6)
     w.dense_input = False
     assert cost.agsparse_time(w, slow_memory) == pytest.approx(0.0, abs=1e-9)
 

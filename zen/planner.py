@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-bandwidth", default=None,
                         help=f"local streaming kernels (default {defaults.memory_bandwidth / 1e9:g}GB/s)")
     for name, what in (("element_time", "per pair hashed"), ("merge_time", "per pair merged by the aggregation"),
-                       ("write_time", "per element written at ascending positions"),
+                       ("write_time", "per element written at ascending positions (its cache lines apart)"),
                        ("encode_time", "per index encoded into a hash bitmap"),
                        ("decode_time", "per index decoded from a hash bitmap")):
         parser.add_argument("--" + name.replace("_", "-"), default=None,

@@ -290,7 +290,8 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     (16 MiB: past most caches once a few ranks share a host), every rank at once (:func:`_together_time`):
     the non-zero scan of zeros (mu), the hash partition (e) and the aggregate of n ascending runs of one
     partition (m) of numel / 16 pairs, the write-back of numel / 8 ascending indices in n pieces split by
-    the hash (w; ``ops.scatter_pieces_``, as a call writes its union), the hash bitmap's
+    the hash (``ops.scatter_pieces_``, as a call writes its union; w: per element, less the lines of the
+    output written at mu, which the model counts apart), the hash bitmap's
     encode (x_e) of a quarter of the index set I_0 (per index encoded), and its decode as zen's pull ends:
     those numel / 8 indices split by the hash into n pieces, each decoded from its bitmap over its own I_j
     (x_d: per index decoded, less the lines of the n index sets read at mu, which the model counts apart;
@@ -324,12 +325,14 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     memory_bandwidth = 1.0 / per(lambda: ops.nonzero(zeros), numel * zeros.element_size())
     decoded = per(lambda: [ops.bitmap_decode(*coded) for coded in bitmaps], written.numel())
     lines = sum(cost.lines_bytes(decodes, own.numel(), own.element_size()) for _, own, decodes in bitmaps)
+    written_time = per(lambda: ops.scatter_pieces_(zeros, scattered), written.numel())
+    written_lines = cost.lines_bytes(written.numel(), numel, zeros.element_size())
     return dict(memory_bandwidth=memory_bandwidth,
                 element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
                 merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
-                write_time=per(lambda: ops.scatter_pieces_(zeros, scattered), written.numel()),
+                write_time=max(written_time - written_lines / written.numel() / memory_bandwidth, 0.1 * written_time),
                 encode_time=per(lambda: ops.bitmap_encode(subset, index_set), subset.numel()),
-                # (at least a tenth of the whole: finding the set bits is never free)
+                # (each at least a tenth of the whole: finding the set bits, moving a value, is never free)
                 decode_time=max(decoded - lines / written.numel() / memory_bandwidth, 0.1 * decoded))
 
 
