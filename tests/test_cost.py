@@ -14,8 +14,8 @@ from zen.planner import embedding_workload, expected_distinct, main, workload_fr
 from zen.prediction import parse_rate, parse_time
 
 B = 1e9  # bytes/s
-NO_LOCAL = dict(memory_bandwidth=1e300, element_time=0.0, write_time=0.0, merge_time=0.0, encode_time=0.0,
-                decode_time=0.0)
+NO_LOCAL = dict(memory_bandwidth=1e300, element_time=0.0, write_time=0.0, found_time=0.0, merge_time=0.0,
+                encode_time=0.0, decode_time=0.0)
 WIRE_ONLY = Profile(bandwidth=B, latency=0.0, **NO_LOCAL)
 
 
@@ -92,7 +92,7 @@ def test_profile_travels_whole_between_ranks():
     from zen.prediction import _decode, _encode
 
     p = Profile(bandwidth=1.25e8, latency=5e-5, memory_bandwidth=3e9, element_time=9e-9, write_time=5e-9,
-                merge_time=3e-8, encode_time=2e-8, decode_time=7e-9, call_overhead=8e-5,
+                found_time=4e-9, merge_time=3e-8, encode_time=2e-8, decode_time=7e-9, call_overhead=8e-5,
                 overheads=(("allgather", 6e-4), ("p2p", 3e-4)), rates=(("alltoall", 1.1e8),),
                 calibration=(("dense", 0.0), ("zen", 8e-4)), calibration_large=(("zen", 0.05),))
     assert _decode(_encode(p)) == p
@@ -178,11 +178,13 @@ def test_latency_terms_count_message_steps():
 
 def test_local_terms():
     """The non-zero scan reads the tensor: M s_v / mu; the write-back of the union U writes its cache lines,
-    a line per element while U is sparse; a COO input skips both."""
+    a line per element while U is sparse; each non-zero found costs f; a COO input skips all three."""
     slow_memory = Profile(bandwidth=1e300, latency=0.0, **dict(NO_LOCAL, memory_bandwidth=1e6))
     w = uniform(10**6, 1, 1000, 1.0)
     assert cost.lines_bytes(w.union, 10**6, 4) == pytest.approx(1000 * 64, rel=0.01)
     assert cost.agsparse_time(w, slow_memory) == pytest.approx((4e6 + cost.lines_bytes(w.union, 10**6, 4)) / 1e6)
+    slow_finding = Profile(bandwidth=1e300, latency=0.0, **dict(NO_LOCAL, found_time=1e-6))
+    assert cost.agsparse_time(w, slow_finding) == pytest.approx(1000 * 1e-6)  # f per non-zero found
     w.dense_input = False
     assert cost.agsparse_time(w, slow_memory) == pytest.approx(0.0, abs=1e-9)
 

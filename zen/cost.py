@@ -12,7 +12,9 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
     mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
     e      time per pair of the hashing kernels (zen's partition, OmniReduce's block ids), s
     m      time per pair merged by ``ops.aggregate`` (zen's aggregate, agsparse's sum, SparCML's merges), s
-    w      time per element written at ascending positions (the scan's output, the scatter), s
+    f      time per non-zero found by the scan of a dense tensor (its pair written out), s
+    w      time per element scattered at ascending positions (the write-back of the union; the cache
+           lines of the output it writes are counted apart, at mu), s
     x_e    time per index encoded into a hash bitmap (a galloping search of I_j and a bit set), s
     x_d    time per index decoded from a hash bitmap (a set bit found and its I_j element written; the
            cache lines of I_j it reads are counted apart, at mu), s
@@ -25,13 +27,13 @@ measured by the probe (``zen.predict``), or, for a profile given as (b, alpha), 
 c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p = alpha (all pairs at once).
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
-Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + k_r w.
+Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + k_r f.
 Hashing costs e per pair, merging m per pair, scattering into the output w per element plus the lines it
 writes at mu, encoding or
 decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or
 read at mu; a decode also reads the cache lines of I_j that hold its |U_j| indices (:func:`lines_bytes`:
 nearly all of I_j once the fill passes 1/16, so at 8% fill these reads cost 8x the per-index work);
-copies and dense adds cost their bytes / mu. The probe measures e, m, w, x_e, x_d and mu with
+copies and dense adds cost their bytes / mu. The probe measures f, e, m, w, x_e, x_d and mu with
 every rank running the kernel at once (the way a call runs them), so ranks that share a host's cores or
 memory bandwidth show in them.
 
@@ -100,6 +102,7 @@ class Profile:
     memory_bandwidth: float = 10e9
     element_time: float = 5e-9
     write_time: float = 2e-9
+    found_time: float = 10e-9
     merge_time: float = 20e-9
     encode_time: float = 20e-9
     decode_time: float = 8e-9
@@ -116,7 +119,7 @@ class Profile:
             raise ValueError(f"Profile: latency must be >= 0 s; got {self.latency!r}")
         if not self.memory_bandwidth > 0:
             raise ValueError(f"Profile: memory_bandwidth must be > 0 bytes/s; got {self.memory_bandwidth!r}")
-        for name in ("element_time", "write_time", "merge_time", "encode_time", "decode_time"):
+        for name in ("element_time", "write_time", "found_time", "merge_time", "encode_time", "decode_time"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"Profile: {name} must be >= 0 s; got {getattr(self, name)!r}")
         if not all(rate > 0 for _, rate in self.rates):
@@ -219,8 +222,8 @@ def _agree(extra_ints: int, w: Workload, p: Profile) -> float:
 
 
 def _scan(w: Workload, p: Profile) -> float:
-    """Finding the non-zeros of a dense tensor: M s_v / mu + k_r w (0 for COO input)."""
-    return w.numel * w.value_size / p.memory_bandwidth + max(w.nnz) * p.write_time if w.dense_input else 0.0
+    """Finding the non-zeros of a dense tensor: M s_v / mu + k_r f (0 for COO input)."""
+    return w.numel * w.value_size / p.memory_bandwidth + max(w.nnz) * p.found_time if w.dense_input else 0.0
 
 
 def _write_back(count: float, w: Workload, p: Profile) -> float:
@@ -276,13 +279,14 @@ def _aggregate_bytes(count: float, unique: float, w: Workload) -> float:
 
 
 def dense_time(w: Workload, p: Profile) -> float:
-    """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b_ar (COO input is densified first:
-    2 M s_v / mu + w per element written and read back)."""
+    """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b_ar (COO input is densified first and
+    found again after: 2 M s_v / mu, the write-back of k_r, f per element of the union found)."""
     t = p.call_overhead + _agree(0, w, p)
     if w.n > 1:
         t += p.fixed("allreduce", w.n) + dense_bytes(w.numel, w.n, w.value_size) / p.rate("allreduce")
     if not w.dense_input:
-        t += 2 * w.numel * w.value_size / p.memory_bandwidth + (max(w.nnz) + w.union) * p.write_time
+        t += 2 * w.numel * w.value_size / p.memory_bandwidth + w.union * p.found_time
+        t += max(w.nnz) * p.write_time + lines_bytes(max(w.nnz), w.numel, w.value_size) / p.memory_bandwidth
     return t
 
 

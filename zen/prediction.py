@@ -83,7 +83,7 @@ def _key(group):
     return group if group is not None else dist.group.WORLD
 
 
-LOCAL_TIMES = ("element_time", "write_time", "merge_time", "encode_time", "decode_time")
+LOCAL_TIMES = ("element_time", "write_time", "found_time", "merge_time", "encode_time", "decode_time")
 
 
 def make_profile(bandwidth, latency, memory_bandwidth=None, **local_times) -> Profile:
@@ -122,8 +122,8 @@ def clear_profile(group=None) -> None:
 
 
 RATES = ("allreduce", "alltoall", "p2p")
-_FIELDS = 9  # bandwidth, latency, memory_bandwidth, element_time, write_time, call_overhead, merge_time,
-#             encode_time, decode_time
+_FIELDS = 10  # bandwidth, latency, memory_bandwidth, element_time, write_time, call_overhead, merge_time,
+#              encode_time, decode_time, found_time
 
 
 def _times_columns(pairs, names) -> list:
@@ -145,7 +145,7 @@ def _encode(p: Optional[Profile]) -> list:
     rates = dict(p.rates)
     return ([int(p.bandwidth), round(p.latency * _PS), int(p.memory_bandwidth), round(p.element_time * _PS),
              round(p.write_time * _PS), round(p.call_overhead * _PS), round(p.merge_time * _PS),
-             round(p.encode_time * _PS), round(p.decode_time * _PS)]
+             round(p.encode_time * _PS), round(p.decode_time * _PS), round(p.found_time * _PS)]
             + _times_columns(p.overheads, PRIMITIVES)
             + [int(rates[k]) if k in rates else -1 for k in RATES]
             + _times_columns(p.calibration, schemes) + _times_columns(p.calibration_large, schemes))
@@ -158,6 +158,7 @@ def _decode(row) -> Profile:
     return Profile(bandwidth=float(row[0]), latency=row[1] / _PS, memory_bandwidth=float(row[2]),
                    element_time=row[3] / _PS, write_time=row[4] / _PS, call_overhead=row[5] / _PS,
                    merge_time=row[6] / _PS, encode_time=row[7] / _PS, decode_time=row[8] / _PS,
+                   found_time=row[9] / _PS,
                    overheads=_times_pairs(PRIMITIVES, row[_FIELDS:a]),
                    rates=tuple((k, float(v)) for k, v in zip(RATES, row[a:b]) if v > 0),
                    calibration=_times_pairs(cost.TIME_FORMULAS, row[b:c]),
@@ -288,7 +289,8 @@ def _together_time(comm: Comm, fn, repeats: int, least: float = 0.0, prepare=Non
 def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     """The local terms of :class:`zen.cost.Profile`, from zen's kernels on a ``numel``-element float tensor
     (16 MiB: past most caches once a few ranks share a host), every rank at once (:func:`_together_time`):
-    the non-zero scan of zeros (mu), the hash partition (e) and the aggregate of n ascending runs of one
+    the non-zero scan of zeros (mu) and of numel / 16 random non-zeros (f: per non-zero found, less the
+    scan of the zeros), the hash partition (e) and the aggregate of n ascending runs of one
     partition (m) of numel / 16 pairs, the write-back of numel / 8 ascending indices in n pieces split by
     the hash (``ops.scatter_pieces_``, as a call writes its union; w: per element, less the lines of the
     output written at mu, which the model counts apart), the hash bitmap's
@@ -303,6 +305,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     count = numel // 16
     idx = torch.randperm(numel, generator=generator)[:count].to(device=device, dtype=torch.int32)
     val = torch.zeros(numel // 8, device=device)  # zeros: the scatter must leave the scanned tensor zero
+    sparse = torch.zeros(numel, device=device).index_fill_(0, idx.long(), 1.0)
     ascending = torch.sort(idx).values
     mine = ops.hash_partition(idx, n, comm.seed) == 0
     runs = torch.cat([torch.sort(part).values for part in idx[mine].chunk(n)])
@@ -323,11 +326,13 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
         return _together_time(comm, fn, repeats, least=RATE_SECONDS) / items
 
     memory_bandwidth = 1.0 / per(lambda: ops.nonzero(zeros), numel * zeros.element_size())
+    found = per(lambda: ops.nonzero(sparse), count)
     decoded = per(lambda: [ops.bitmap_decode(*coded) for coded in bitmaps], written.numel())
     lines = sum(cost.lines_bytes(decodes, own.numel(), own.element_size()) for _, own, decodes in bitmaps)
     written_time = per(lambda: ops.scatter_pieces_(zeros, scattered), written.numel())
     written_lines = cost.lines_bytes(written.numel(), numel, zeros.element_size())
     return dict(memory_bandwidth=memory_bandwidth,
+                found_time=max(found - numel * zeros.element_size() / count / memory_bandwidth, 0.1 * found),
                 element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
                 merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
                 write_time=max(written_time - written_lines / written.numel() / memory_bandwidth, 0.1 * written_time),
