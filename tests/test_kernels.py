@@ -318,6 +318,19 @@ def test_scatter_pieces_checks_every_piece_before_writing():
     assert not out.any()
 
 
+def test_scatter_pieces_default_kernel():
+    """The kernel of devices without their own (the GPU's: one scatter_ per piece), called directly."""
+    op = torch.ops.zen.scatter_pieces_.default
+    out = torch.zeros(10, device=DEVICE)
+    idx = [torch.tensor([7, 1], dtype=torch.int32, device=DEVICE), torch.tensor([3], dtype=torch.int32, device=DEVICE)]
+    val = [torch.tensor([1.0, 2.0], device=DEVICE), torch.tensor([5.0], device=DEVICE)]
+    op._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, out, idx, val)
+    assert out.cpu().tolist() == [0, 2, 0, 5, 0, 0, 0, 1, 0, 0]
+    with pytest.raises(RuntimeError, match="out of range"):
+        op._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, torch.zeros(10, device=DEVICE),
+                  [idx[0], torch.tensor([10], dtype=torch.int32, device=DEVICE)], val)
+
+
 def test_scatter_rejects_out_of_range():
     out = torch.zeros(5, device=DEVICE)
     with pytest.raises(RuntimeError, match="out of range"):
