@@ -300,6 +300,7 @@ def main(argv=None):
         rows = bench(dist.get_rank(), dist.get_world_size(), args)
         if dist.get_rank() == 0:
             report(rows, args)
+        dist.barrier()  # no rank tears its groups down while another still reports
         dist.destroy_process_group()
         return 0
     if args.bandwidth:

@@ -499,3 +499,25 @@ def test_script_ending_with_destroy_process_group_exits_cleanly():
         for rank, proc in enumerate(procs):
             _, err = proc.communicate(timeout=120)
             assert proc.returncode == 0 and "terminate called" not in err, (attempt, rank, proc.returncode, err[-2000:])
+
+
+def test_lane_closes_after_its_jobs_and_never_hangs_exit():
+    """At exit zen ends its lanes (a live lane thread during the C++ runtime's teardown can abort the
+    process): jobs already submitted run first; a job that never ends does not hold the close past its
+    timeout."""
+    import threading
+
+    from zen.comm import Lane
+
+    lane, ran = Lane("test-lane"), []
+    lane.submit(lambda: ran.append(1))
+    lane.close(timeout=5.0)
+    assert ran == [1] and not lane._thread.is_alive()
+    stuck, release = Lane("stuck-lane"), threading.Event()
+    stuck.submit(release.wait)
+    start = time.monotonic()
+    stuck.close(timeout=0.2)
+    assert stuck._thread.is_alive() and time.monotonic() - start < 2.0
+    release.set()
+    stuck._thread.join(5.0)
+    assert not stuck._thread.is_alive()

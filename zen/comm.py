@@ -153,10 +153,18 @@ class Lane:
         torch.set_num_threads(self._threads)
         while True:
             job = self._jobs.get()
+            if job is None:
+                return
             job()
 
     def submit(self, job) -> None:
         self._jobs.put(job)
+
+    def close(self, timeout: float) -> None:
+        """End the thread after the jobs already submitted; wait for it at most ``timeout`` seconds (a job
+        stuck in a collective with a dead peer must not hold up the process's exit)."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
 
 
 class Comm:
@@ -399,9 +407,13 @@ _comms_lock = threading.Lock()
 
 @atexit.register
 def _forget_comms() -> None:
-    """Drop zen's groups while the interpreter is whole: left to its final teardown, a gloo group whose
-    peers already exited (a script that ends with destroy_process_group) could abort the process."""
+    """End the lanes and drop zen's groups while the interpreter is whole: left to its final teardown, a
+    gloo group whose peers already exited (a script that ends with destroy_process_group) could abort
+    the process, and so could a lane thread that has run torch's kernels and is still alive when the C++
+    runtime tears down ("terminate called without an active exception", seen at exit of 2-rank runs)."""
     with _comms_lock:
+        for comm in _comms.values():
+            comm._lane.close(timeout=1.0)
         _comms.clear()
 
 
