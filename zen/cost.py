@@ -12,7 +12,8 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
     mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
     e      time per pair of the hashing kernels (zen's partition, OmniReduce's block ids), s
     m      time per pair merged by ``ops.aggregate`` (zen's aggregate, agsparse's sum, SparCML's merges), s
-    f      time per non-zero found by the scan of a dense tensor (its pair written out), s
+    f      time per block of SCAN_BLOCK elements holding a non-zero, in the scan of a dense tensor (the
+           kernel tests 16 elements at once and stages a block's pairs only where one is set), s
     w      time per element scattered at ascending positions (the write-back of the union; the cache
            lines of the output it writes are counted apart, at mu), s
     x_e    time per index encoded into a hash bitmap (a galloping search of I_j and a bit set), s
@@ -27,7 +28,8 @@ measured by the probe (``zen.predict``), or, for a profile given as (b, alpha), 
 c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p = alpha (all pairs at once).
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
-Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + k_r f.
+Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + f per
+block of 16 holding one (:func:`scan_blocks`).
 Hashing costs e per pair, merging m per pair, scattering into the output w per element plus the cache lines
 of the output it writes, at mu (:func:`lines_bytes`), encoding or decoding a hash bitmap x_e or x_d per
 index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read at mu; a decode also reads the cache
@@ -101,7 +103,7 @@ class Profile:
     memory_bandwidth: float = 10e9
     element_time: float = 5e-9
     write_time: float = 2e-9
-    found_time: float = 10e-9
+    found_time: float = 30e-9
     merge_time: float = 20e-9
     encode_time: float = 20e-9
     decode_time: float = 8e-9
@@ -220,9 +222,27 @@ def _agree(extra_ints: int, w: Workload, p: Profile) -> float:
     return _allgather(HEADER_INTS + extra_ints, w, p)
 
 
+SCAN_BLOCK = 16  # elements the non-zero scan tests at once (csrc/cpu/nonzero_cpu.cpp)
+
+
+def scan_blocks(count: float, span: float) -> float:
+    """Expected blocks of SCAN_BLOCK elements that hold at least one of ``count`` non-zeros spread uniformly
+    over ``span`` elements: span / B (1 - (1 - count / span)^B)."""
+    return lines_bytes(count, span, 1, SCAN_BLOCK) / SCAN_BLOCK
+
+
+def _span(blocks: float, w: Workload) -> float:
+    """Elements a set of non-zeros spreads over: its non-zero blocks of ``w.block_size`` (measured), at most M."""
+    return min(float(w.numel), blocks * w.block_size)
+
+
 def _scan(w: Workload, p: Profile) -> float:
-    """Finding the non-zeros of a dense tensor: M s_v / mu + k_r f (0 for COO input)."""
-    return w.numel * w.value_size / p.memory_bandwidth + max(w.nnz) * p.found_time if w.dense_input else 0.0
+    """Finding the non-zeros of a dense tensor: M s_v / mu + f per scan block holding one, on the slowest
+    rank (0 for COO input). The non-zeros spread over the rank's non-zero blocks (skewed data packs them)."""
+    if not w.dense_input:
+        return 0.0
+    found = max(scan_blocks(k, _span(sum(row), w)) for k, row in zip(w.nnz, w.block_counts))
+    return w.numel * w.value_size / p.memory_bandwidth + found * p.found_time
 
 
 def _write_back(count: float, w: Workload, p: Profile) -> float:
@@ -234,8 +254,7 @@ def _write_back(count: float, w: Workload, p: Profile) -> float:
     packs into few lines."""
     if not w.dense_input:
         return 0.0
-    span = min(w.numel, sum(w.block_union) * w.block_size) if w.block_union else w.numel
-    return count * p.write_time + lines_bytes(count, span, w.value_size) / p.memory_bandwidth
+    return count * p.write_time + lines_bytes(count, _span(sum(w.block_union), w), w.value_size) / p.memory_bandwidth
 
 
 def _others(values: Sequence[float], r: int) -> float:
@@ -282,12 +301,13 @@ def _aggregate_bytes(count: float, unique: float, w: Workload) -> float:
 
 def dense_time(w: Workload, p: Profile) -> float:
     """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b_ar (COO input is densified first and
-    found again after: 2 M s_v / mu, the write-back of k_r, f per element of the union found)."""
+    found again after: 2 M s_v / mu, the write-back of k_r, f per scan block of the union found)."""
     t = p.call_overhead + _agree(0, w, p)
     if w.n > 1:
         t += p.fixed("allreduce", w.n) + dense_bytes(w.numel, w.n, w.value_size) / p.rate("allreduce")
     if not w.dense_input:
-        t += 2 * w.numel * w.value_size / p.memory_bandwidth + w.union * p.found_time
+        t += 2 * w.numel * w.value_size / p.memory_bandwidth
+        t += scan_blocks(w.union, _span(sum(w.block_union), w)) * p.found_time
         t += max(w.nnz) * p.write_time + lines_bytes(max(w.nnz), w.numel, w.value_size) / p.memory_bandwidth
     return t
 

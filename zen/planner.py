@@ -195,7 +195,7 @@ def main(argv=None) -> int:
                         help=f"local streaming kernels (default {defaults.memory_bandwidth / 1e9:g}GB/s)")
     for name, what in (("element_time", "per pair hashed"), ("merge_time", "per pair merged by the aggregation"),
                        ("write_time", "per element written at ascending positions (its cache lines apart)"),
-                       ("found_time", "per non-zero found by the scan of a dense tensor"),
+                       ("found_time", "per block of 16 elements holding a non-zero, in the scan of a dense tensor"),
                        ("encode_time", "per index encoded into a hash bitmap"),
                        ("decode_time", "per index decoded from a hash bitmap")):
         parser.add_argument("--" + name.replace("_", "-"), default=None,

@@ -289,8 +289,8 @@ def _together_time(comm: Comm, fn, repeats: int, least: float = 0.0, prepare=Non
 def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     """The local terms of :class:`zen.cost.Profile`, from zen's kernels on a ``numel``-element float tensor
     (16 MiB: past most caches once a few ranks share a host), every rank at once (:func:`_together_time`):
-    the non-zero scan of zeros (mu) and of numel / 16 random non-zeros (f: per non-zero found, less the
-    scan of the zeros), the hash partition (e) and the aggregate of n ascending runs of one partition (m)
+    the non-zero scan of zeros (mu) and of numel / 8 random non-zeros (f: per scan block holding one, less
+    the scan of the zeros), the hash partition (e) and the aggregate of n ascending runs of one partition (m)
     of numel / 16 pairs, the write-back of numel / 8 ascending indices in n pieces split by the hash
     (``ops.scatter_pieces_``, as a call writes its union; w: per element, less the lines of the output
     written at mu, which the model counts apart), the hash bitmap's encode (x_e) of a quarter of the index
@@ -305,7 +305,10 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     count = numel // 16
     idx = torch.randperm(numel, generator=generator)[:count].to(device=device, dtype=torch.int32)
     val = torch.zeros(numel // 8, device=device)  # zeros: the scatter must leave the scanned tensor zero
-    sparse = torch.zeros(numel, device=device).index_fill_(0, idx.long(), 1.0)
+    # an eighth non-zero: 88% of the scan's blocks hold one, as at the densities where f matters
+    found_count = numel // 8
+    sparse = torch.zeros(numel, device=device).index_fill_(
+        0, torch.randperm(numel, generator=generator)[:found_count].to(device), 1.0)
     ascending = torch.sort(idx).values
     mine = ops.hash_partition(idx, n, comm.seed) == 0
     runs = torch.cat([torch.sort(part).values for part in idx[mine].chunk(n)])
@@ -326,13 +329,14 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
         return _together_time(comm, fn, repeats, least=RATE_SECONDS) / items
 
     memory_bandwidth = 1.0 / per(lambda: ops.nonzero(zeros), numel * zeros.element_size())
-    found = per(lambda: ops.nonzero(sparse), count)
+    found = per(lambda: ops.nonzero(sparse), 1)
+    found_blocks = cost.scan_blocks(found_count, numel)
     decoded = per(lambda: [ops.bitmap_decode(*coded) for coded in bitmaps], written.numel())
     lines = sum(cost.lines_bytes(decodes, own.numel(), own.element_size()) for _, own, decodes in bitmaps)
     written_time = per(lambda: ops.scatter_pieces_(zeros, scattered), written.numel())
     written_lines = cost.lines_bytes(written.numel(), numel, zeros.element_size())
     return dict(memory_bandwidth=memory_bandwidth,
-                found_time=max(found - numel * zeros.element_size() / count / memory_bandwidth, 0.1 * found),
+                found_time=max(found - numel * zeros.element_size() / memory_bandwidth, 0.1 * found) / found_blocks,
                 element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
                 merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
                 write_time=max(written_time - written_lines / written.numel() / memory_bandwidth, 0.1 * written_time),
