@@ -307,8 +307,9 @@ def test_scatter_pieces_matches_reference(case, pieces, dtype, seed):
 def test_scatter_pieces_checks_every_piece_before_writing():
     out = torch.zeros(5, device=DEVICE)
     one = (torch.tensor([1], dtype=torch.int32, device=DEVICE), torch.ones(1, device=DEVICE))
+    past_the_end = (torch.tensor([5], dtype=torch.int32, device=DEVICE), torch.ones(1, device=DEVICE))
     with pytest.raises(RuntimeError, match="out of range"):
-        ops.scatter_pieces_(out, [one, (torch.tensor([5], dtype=torch.int32, device=DEVICE), torch.ones(1, device=DEVICE))])
+        ops.scatter_pieces_(out, [one, past_the_end])
     assert not out.any()
     with pytest.raises(RuntimeError, match="same dtype"):
         ops.scatter_pieces_(out, [one, (torch.tensor([2], device=DEVICE), torch.ones(1, device=DEVICE))])

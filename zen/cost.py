@@ -29,12 +29,12 @@ c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p 
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + f per
-block of 16 holding one (:func:`scan_blocks`).
-Hashing costs e per pair, merging m per pair, scattering into the output w per element plus the cache lines
-of the output it writes, at mu (:func:`lines_bytes`), encoding or decoding a hash bitmap x_e or x_d per
-index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read at mu; a decode also reads the cache
-lines of I_j that hold its |U_j| indices (nearly all of I_j once the fill passes 1/16, so at 8% fill these
-reads cost 8x the per-index work); copies and dense adds cost their bytes / mu. The probe measures f, e, m, w, x_e, x_d and mu with
+block of 16 holding one (:func:`scan_blocks`). Hashing costs e per pair, merging m per pair, scattering into
+the output w per element plus the cache lines of the output it writes, at mu (:func:`lines_bytes`),
+encoding or decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n)
+cleared or read at mu; a decode also reads the cache lines of I_j that hold its |U_j| indices (nearly all
+of I_j once the fill passes 1/16, so at 8% fill these reads cost 8x the per-index work); copies and dense
+adds cost their bytes / mu. The probe measures f, e, m, w, x_e, x_d and mu with
 every rank running the kernel at once (the way a call runs them), so ranks that share a host's cores or
 memory bandwidth show in them.
 
@@ -232,8 +232,9 @@ def scan_blocks(count: float, span: float) -> float:
 
 
 def _span(blocks: float, w: Workload) -> float:
-    """Elements a set of non-zeros spreads over: its non-zero blocks of ``w.block_size`` (measured), at most M."""
-    return min(float(w.numel), blocks * w.block_size)
+    """Elements a set of non-zeros spreads over: its non-zero blocks of ``w.block_size`` (measured), at most M
+    (M where no blocks were counted)."""
+    return min(float(w.numel), blocks * w.block_size) if blocks > 0 else float(w.numel)
 
 
 def _scan(w: Workload, p: Profile) -> float:
