@@ -208,7 +208,7 @@ def format_table(rows):
         lines.append(f"profile (probed): MB/s per rank {rates}; latency {p['latency'] * 1e6:.0f} us; memory "
                      f"{p['memory_bandwidth'] / 1e9:.2f} GB/s; ns per hashed pair {p['element_time'] * 1e9:.1f}, "
                      f"merged pair {p.get('merge_time', 0) * 1e9:.1f}, written element {p['write_time'] * 1e9:.1f}, "
-                     f"non-zero found {p.get('found_time', 0) * 1e9:.1f}, "
+                     f"scan block with a non-zero {p.get('found_time', 0) * 1e9:.1f}, "
                      f"bitmap index encoded {p.get('encode_time', 0) * 1e9:.2f}, "
                      f"decoded {p.get('decode_time', 0) * 1e9:.2f}; calibration ms (small/large call) {calibration}")
     lines += [head, "-" * len(head)]

@@ -39,9 +39,10 @@ static void scatter_pieces_each(at::Tensor& out, at::TensorList indices, at::Ten
               values.size(), " value pieces");
   for (size_t p = 0; p < indices.size(); ++p) {
     if (indices[p].numel() == 0) continue;
-    const auto [lo, hi] = at::aminmax(indices[p]);
-    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < out.numel(), "scatter index out of range: [",
-                lo.item<int64_t>(), ", ", hi.item<int64_t>(), "] for an output of ", out.numel(), " elements");
+    const auto [lo_t, hi_t] = at::aminmax(indices[p]);
+    const int64_t lo = lo_t.item<int64_t>(), hi = hi_t.item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < out.numel(), "scatter index out of range: [", lo, ", ", hi, "] for an output of ",
+                out.numel(), " elements");
   }
   static const auto scatter = c10::Dispatcher::singleton()
                                   .findSchemaOrThrow("zen::scatter_", "")

@@ -328,7 +328,8 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     def per(fn, items):
         return _together_time(comm, fn, repeats, least=RATE_SECONDS) / items
 
-    memory_bandwidth = 1.0 / per(lambda: ops.nonzero(zeros), numel * zeros.element_size())
+    zeros_scan = per(lambda: ops.nonzero(zeros), 1)
+    memory_bandwidth = numel * zeros.element_size() / zeros_scan
     found = per(lambda: ops.nonzero(sparse), 1)
     found_blocks = cost.scan_blocks(found_count, numel)
     decoded = per(lambda: [ops.bitmap_decode(*coded) for coded in bitmaps], written.numel())
@@ -336,7 +337,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     written_time = per(lambda: ops.scatter_pieces_(zeros, scattered), written.numel())
     written_lines = cost.lines_bytes(written.numel(), numel, zeros.element_size())
     return dict(memory_bandwidth=memory_bandwidth,
-                found_time=max(found - numel * zeros.element_size() / memory_bandwidth, 0.1 * found) / found_blocks,
+                found_time=max(found - zeros_scan, 0.1 * found) / found_blocks,
                 element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
                 merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
                 write_time=max(written_time - written_lines / written.numel() / memory_bandwidth, 0.1 * written_time),
