@@ -29,7 +29,7 @@ import re
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -251,44 +251,51 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     return dataclasses.replace(profile, calibration=tuple(small.items()), calibration_large=tuple(large.items()))
 
 
-def _together_time(comm: Comm, fn, repeats: int, least: float = 0.0, prepare=None) -> float:
-    """Seconds of ``fn()`` run by every rank at once, as a call's local phases run: per repeat, the
-    slowest rank's time after a common start; the median over the repeats (the same on every rank).
-    With ``least`` > 0, each repeat runs ``fn`` back to back as often as makes the slowest rank take at
+def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=None) -> List[List[float]]:
+    """Seconds of each of ``fns`` run by every rank at once, as a call's local phases run: ``times[i][r]``,
+    the slowest rank's time of ``fns[i]`` in repeat r after a common start (the same on every rank). The
+    fns take turns within every repeat, so the times of one repeat saw the same load on the host: a
+    difference of two of them (a kernel's time less the part of it that another one measures) is taken
+    per repeat, where a slow spell of a shared host cancels, not between medians taken seconds apart.
+    With ``least`` > 0, each repeat runs a fn back to back as often as makes the slowest rank take at
     least ``least`` seconds (the same count on every rank) and the time is per run: a short kernel would
     otherwise end before ranks that share cores have all been scheduled, and look uncontended.
-    ``prepare`` (only with ``least`` = 0): run before every ``fn``, untimed, its result passed to ``fn``
-    (e.g. a fresh copy of the tensor that an all-reduce overwrites, as the benchmarks make one)."""
-    if prepare is not None:
-        if least > 0:
-            raise ValueError("_together_time: prepare needs least = 0 (one run per repeat)")
-        run_once = fn
-        fn = lambda: run_once(prepared)  # noqa: E731
-        prepared = prepare()
-    fn()  # warm-up
-    runs = 1
-    if least > 0:
-        comm.all_gather_rows([0])
-        start = time.perf_counter()
-        fn()
-        once = comm.all_gather_rows([round((time.perf_counter() - start) * _PS)]).max().item() / _PS
-        runs = max(1, min(1000, math.ceil(least / max(once, 1e-9))))
-    times = []
-    for _ in range(repeats):
-        if prepare is not None:
-            prepared = prepare()
+    ``prepare`` (only with ``least`` = 0): run before every run of a fn, untimed, its result passed to
+    the fn (e.g. a fresh copy of the tensor that an all-reduce overwrites, as the benchmarks make one)."""
+    if prepare is not None and least > 0:
+        raise ValueError("_together_times: prepare needs least = 0 (one run per repeat)")
+
+    def timed(fn, runs: int) -> float:
+        args = (prepare(),) if prepare is not None else ()
         comm.all_gather_rows([0])  # the common start
         start = time.perf_counter()
         for _ in range(runs):
-            fn()
-        times.append(round((time.perf_counter() - start) * _PS))
-    slowest = comm.all_gather_rows(times).max(dim=0).values.tolist()
-    return statistics.median(slowest) / _PS / runs
+            fn(*args)
+        return time.perf_counter() - start
+
+    counts = []
+    for fn in fns:
+        timed(fn, 1)  # warm-up
+        runs = 1
+        if least > 0:
+            once = comm.all_gather_rows([round(timed(fn, 1) * _PS)]).max().item() / _PS
+            runs = max(1, min(1000, math.ceil(least / max(once, 1e-9))))
+        counts.append(runs)
+    mine = [round(timed(fn, runs) * _PS) for _ in range(repeats) for fn, runs in zip(fns, counts)]
+    slowest = comm.all_gather_rows(mine).max(dim=0).values.tolist()
+    return [[slowest[r * len(fns) + i] / _PS / runs for r in range(repeats)] for i, runs in enumerate(counts)]
+
+
+def _together_time(comm: Comm, fn, repeats: int, prepare=None) -> float:
+    """The median over the repeats of :func:`_together_times` for one ``fn`` (one run per repeat)."""
+    return statistics.median(_together_times(comm, [fn], repeats, prepare=prepare)[0])
 
 
 def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     """The local terms of :class:`zen.cost.Profile`, from zen's kernels on a ``numel``-element float tensor
-    (16 MiB: past most caches once a few ranks share a host), every rank at once (:func:`_together_time`):
+    (16 MiB: past most caches once a few ranks share a host), every rank at once and taking turns in every
+    repeat (:func:`_together_times`), so that f, w and x_d, each a kernel's time less a part that mu
+    measures, are differences within a repeat (their medians over the repeats are returned):
     the non-zero scan of zeros (mu) and of numel / 8 random non-zeros (f: per scan block holding one, less
     the scan of the zeros), the hash partition (e) and the aggregate of n ascending runs of one partition (m)
     of numel / 16 pairs, the write-back of numel / 8 ascending indices in n pieces split by the hash
@@ -325,25 +332,32 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
         bitmaps.append((ops.bitmap_encode(piece, own), own, piece.numel()))
         scattered.append((piece, val[:piece.numel()]))
 
-    def per(fn, items):
-        return _together_time(comm, fn, repeats, least=RATE_SECONDS) / items
+    kernels = dict(
+        zeros=lambda: ops.nonzero(zeros),
+        found=lambda: ops.nonzero(sparse),
+        partition=lambda: ops.partition(ascending, val[:count], n, comm.seed, probes),
+        aggregate=lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0),
+        written=lambda: ops.scatter_pieces_(zeros, scattered),
+        encoded=lambda: ops.bitmap_encode(subset, index_set),
+        decoded=lambda: [ops.bitmap_decode(*coded) for coded in bitmaps])
+    times = dict(zip(kernels, _together_times(comm, list(kernels.values()), repeats, least=RATE_SECONDS)))
+    byte_times = [t / (numel * zeros.element_size()) for t in times["zeros"]]  # s per byte streamed, per repeat
 
-    zeros_scan = per(lambda: ops.nonzero(zeros), 1)
-    memory_bandwidth = numel * zeros.element_size() / zeros_scan
-    found = per(lambda: ops.nonzero(sparse), 1)
-    found_blocks = cost.scan_blocks(found_count, numel)
-    decoded = per(lambda: [ops.bitmap_decode(*coded) for coded in bitmaps], written.numel())
-    lines = sum(cost.lines_bytes(decodes, own.numel(), own.element_size()) for _, own, decodes in bitmaps)
-    written_time = per(lambda: ops.scatter_pieces_(zeros, scattered), written.numel())
-    written_lines = cost.lines_bytes(written.numel(), numel, zeros.element_size())
-    return dict(memory_bandwidth=memory_bandwidth,
-                found_time=max(found - zeros_scan, 0.1 * found) / found_blocks,
-                element_time=per(lambda: ops.partition(ascending, val[:count], n, comm.seed, probes), count),
-                merge_time=per(lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0), runs.numel()),
-                write_time=max(written_time - written_lines / written.numel() / memory_bandwidth, 0.1 * written_time),
-                encode_time=per(lambda: ops.bitmap_encode(subset, index_set), subset.numel()),
-                # (each at least a tenth of the whole: finding the set bits, moving a value, is never free)
-                decode_time=max(decoded - lines / written.numel() / memory_bandwidth, 0.1 * decoded))
+    def less(name, streamed_bytes, items):
+        """Median over the repeats of (kernel's time - the bytes it streams at that repeat's mu) / items,
+        at least a tenth of the kernel's time (finding a set bit, moving a value, is never free)."""
+        return statistics.median(max(t - streamed_bytes * b, 0.1 * t) / items
+                                 for t, b in zip(times[name], byte_times))
+
+    index_lines = sum(cost.lines_bytes(decodes, own.numel(), own.element_size()) for _, own, decodes in bitmaps)
+    return dict(memory_bandwidth=1 / statistics.median(byte_times),
+                found_time=less("found", numel * zeros.element_size(), cost.scan_blocks(found_count, numel)),
+                element_time=statistics.median(times["partition"]) / count,
+                merge_time=statistics.median(times["aggregate"]) / runs.numel(),
+                write_time=less("written", cost.lines_bytes(written.numel(), numel, zeros.element_size()),
+                                written.numel()),
+                encode_time=statistics.median(times["encoded"]) / subset.numel(),
+                decode_time=less("decoded", index_lines, written.numel()))
 
 
 def _median_rows(rows) -> list:
