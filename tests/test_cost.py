@@ -196,6 +196,20 @@ def test_local_terms():
     assert cost.agsparse_time(w, slow_memory) == pytest.approx(0.0, abs=1e-9)
 
 
+def test_dense_densifies_coo_input_into_each_ranks_blocks():
+    """COO input to dense: densify (M s_v) and find the union after (M s_v), both at mu, plus the scatter of
+    k_r, whose lines are counted over rank r's own non-zero blocks: packed pairs write fewer lines."""
+    slow_memory = Profile(bandwidth=1e300, latency=0.0, **dict(NO_LOCAL, memory_bandwidth=1e6))
+    w = dataclasses.replace(uniform(10**6, 2, 1000, 1.0), dense_input=False)
+    nothing_local = Profile(bandwidth=1e300, latency=0.0, **NO_LOCAL)
+    span = sum(w.block_counts[0]) * w.block_size
+    densify = cost.dense_time(w, slow_memory) - cost.dense_time(w, nothing_local)
+    assert densify == pytest.approx((2 * 4e6 + cost.lines_bytes(1000, span, 4)) / 1e6)
+    packed = dataclasses.replace(w, block_counts=[[1000 / 256 / 2] * 2] * 2)  # 4 full blocks: 4000 bytes
+    assert cost.dense_time(packed, slow_memory) - cost.dense_time(packed, nothing_local) == pytest.approx(
+        (2 * 4e6 + 4000) / 1e6, rel=1e-3)
+
+
 def test_bitmap_coding_costs_per_index_plus_its_bytes():
     """Encode: x_e |U_r| + |I_r| / 8 / mu on the rank with the largest union piece; decode: the sum over
     the n bitmap pieces of x_d |U_j| + |I_j| / 8 / mu + the lines of I_j read / mu; nothing where COO wins."""

@@ -246,16 +246,19 @@ def _scan(w: Workload, p: Profile) -> float:
     return w.numel * w.value_size / p.memory_bandwidth + found * p.found_time
 
 
+def _scatter(count: float, blocks: float, w: Workload, p: Profile) -> float:
+    """Scattering ``count`` elements that lie in ``blocks`` non-zero blocks into a dense tensor: w per element
+    plus the cache lines of the tensor they land in, at mu (:func:`lines_bytes`). A sparse set costs a line
+    per element, a dense one a line per 16 (float32): at 8 ranks on 2 cores, 45 ns per element at 8% fill
+    and 15 at 50%, where w alone would make them equal. The elements spread over their non-zero blocks
+    (measured), not over all M: a skewed set (frequency-ordered embedding rows) packs into few lines."""
+    return count * p.write_time + lines_bytes(count, _span(blocks, w), w.value_size) / p.memory_bandwidth
+
+
 def _write_back(count: float, w: Workload, p: Profile) -> float:
-    """Scattering ``count`` union elements into the dense output: w per element plus the cache lines of the
-    output they land in, at mu (:func:`lines_bytes`; 0 for COO input). A sparse union costs a line per
-    element, a dense one a line per 16 (float32): at 8 ranks on 2 cores, 45 ns per element at 8% fill
-    and 15 at 50%, where w alone would make them equal. The elements spread over the union's non-zero
-    blocks (``block_union``, measured), not over all M: a skewed union (frequency-ordered embedding rows)
-    packs into few lines."""
-    if not w.dense_input:
-        return 0.0
-    return count * p.write_time + lines_bytes(count, _span(sum(w.block_union), w), w.value_size) / p.memory_bandwidth
+    """Writing ``count`` union elements into the dense output (:func:`_scatter` over the union's non-zero
+    blocks, ``block_union``); 0 for COO input, which is returned as pairs."""
+    return _scatter(count, sum(w.block_union), w, p) if w.dense_input else 0.0
 
 
 def _others(values: Sequence[float], r: int) -> float:
@@ -302,14 +305,14 @@ def _aggregate_bytes(count: float, unique: float, w: Workload) -> float:
 
 def dense_time(w: Workload, p: Profile) -> float:
     """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b_ar (COO input is densified first and
-    found again after: 2 M s_v / mu, the write-back of k_r, f per scan block of the union found)."""
+    found again after: 2 M s_v / mu, the scatter of k_r into its blocks, f per scan block of the union)."""
     t = p.call_overhead + _agree(0, w, p)
     if w.n > 1:
         t += p.fixed("allreduce", w.n) + dense_bytes(w.numel, w.n, w.value_size) / p.rate("allreduce")
     if not w.dense_input:
         t += 2 * w.numel * w.value_size / p.memory_bandwidth
         t += scan_blocks(w.union, _span(sum(w.block_union), w)) * p.found_time
-        t += max(w.nnz) * p.write_time + lines_bytes(max(w.nnz), w.numel, w.value_size) / p.memory_bandwidth
+        t += max(_scatter(k, sum(row), w, p) for k, row in zip(w.nnz, w.block_counts))
     return t
 
 
