@@ -165,14 +165,22 @@ def _decode(row) -> Profile:
                    calibration_large=_times_pairs(cost.TIME_FORMULAS, row[c:]))
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _turn_times(fns, repeats: int) -> List[List[float]]:
+    """Seconds of each of ``fns`` on this rank, ``times[i][r]`` for ``fns[i]`` in repeat r, after a warm-up
+    run of each; the fns take turns within every repeat (so a difference of two is taken within a repeat)."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return times
+
+
+def _median_time(fn, repeats: int) -> float:
+    return statistics.median(_turn_times([fn], repeats)[0])
 
 
 def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
@@ -192,14 +200,16 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
 
     def slope(run, unit, grow=True):
         """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank), from the slope between b = unit and
-        b = 4 unit; with ``grow`` (a collective), unit doubles alike on every rank (the slowest decides)."""
+        b = 4 unit: 3 unit over the median of the per-repeat differences (the two sizes take turns, so a
+        slow spell of the host falls on both sides of a difference); with ``grow`` (a collective), unit
+        doubles alike on every rank (the slowest decides)."""
         t_one = _median_time(lambda: run(unit), repeats)
         while (grow and 2 * unit <= largest_unit
                and comm.all_gather_rows([round(t_one * _PS)]).max() < RATE_SECONDS * _PS):
             unit *= 2
             t_one = _median_time(lambda: run(unit), repeats)
-        t_four = _median_time(lambda: run(4 * unit), repeats)
-        return 3 * unit / max(t_four - t_one, 1e-9), unit
+        ones, fours = _turn_times([lambda: run(unit), lambda: run(4 * unit)], repeats)
+        return 3 * unit / max(statistics.median(b - a for a, b in zip(ones, fours)), 1e-9), unit
 
     if n > 1:
         mine["allgather"] = _median_time(lambda: comm.all_gather_rows([0]), repeats)
