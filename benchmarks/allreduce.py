@@ -138,6 +138,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         for scheme in order:
             x = x0.clone()
             stats = {}
+            time.sleep(prediction.QUIET_SECONDS)  # a quiet start: CPU work just before a call slows it
             dist.barrier()
             start = time.perf_counter()
             if scheme == "dense":

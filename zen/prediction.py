@@ -44,6 +44,12 @@ from .schemes.sparcml import doubling_plan
 PRIMITIVES = ("allgather", "allreduce", "alltoall", "p2p")
 _PS = 1e12  # profile times travel as integer picoseconds
 RATE_SECONDS = 0.03  # the probe's rate measurements grow their messages until one takes this long
+# Pause before each timed call of the calibration (and of benchmarks/allreduce.py): where ranks share
+# cores, CPU work just before a call (preparing its input, checking the last result) slows it through the
+# scheduler. 8 ranks on 2 cores, 1 Gbit/s, zen at 4M elements and 0.1%: 31-35 ms after a 20 ms sleep,
+# 35-40 back to back, 45-48 after 20-40 ms of busy work on every rank. Timed from a quiet start, a call's
+# time is its own.
+QUIET_SECONDS = 0.05
 _profiles = {}  # group (or WORLD) -> Profile
 
 
@@ -274,12 +280,16 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
     least ``least`` seconds (the same count on every rank) and the time is per run: a short kernel would
     otherwise end before ranks that share cores have all been scheduled, and look uncontended.
     ``prepare`` (only with ``least`` = 0): run before every run of a fn, untimed, its result passed to
-    the fn (e.g. a fresh copy of the tensor that an all-reduce overwrites, as the benchmarks make one)."""
+    the fn (e.g. a fresh copy of the tensor that an all-reduce overwrites, as the benchmarks make one),
+    followed by a pause of ``QUIET_SECONDS`` (as the benchmarks pause) so that the run starts quiet."""
     if prepare is not None and least > 0:
         raise ValueError("_together_times: prepare needs least = 0 (one run per repeat)")
 
     def timed(fn, runs: int) -> float:
-        args = (prepare(),) if prepare is not None else ()
+        args = ()
+        if prepare is not None:
+            args = (prepare(),)
+            time.sleep(QUIET_SECONDS)
         comm.all_gather_rows([0])  # the common start
         start = time.perf_counter()
         for _ in range(runs):
