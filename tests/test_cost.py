@@ -66,6 +66,18 @@ def test_measured_rates_replace_the_bandwidth_per_primitive():
         Profile(bandwidth=B, latency=0.0, rates=(("p2p", 0.0),))
 
 
+def test_small_all_to_alls_run_at_the_backends_own_rate():
+    """An all-to-all whose largest piece is under DUPLEX_ALL_TO_ALL_BYTES runs at "alltoall_small" (the
+    transport ``Comm.all_to_all`` picks for it), one from it on at "alltoall"; unmeasured, small is big."""
+    n = 4
+    p = Profile(bandwidth=B, latency=0.0, **NO_LOCAL, rates=(("alltoall", B), ("alltoall_small", B / 2)))
+    small, large = 1000, cost.DUPLEX_ALL_TO_ALL_BYTES // 8 + 1  # pairs per rank (8 bytes each)
+    for k, rate in ((small, B / 2), (large, B)):
+        w = uniform(10**7, n, k, 2.0)
+        assert cost.agsparse_time(w, p) == pytest.approx((n - 1) * k * 8 / rate + agree_bytes(n, 1), rel=1e-12)
+    assert Profile(bandwidth=B, latency=0.0, rates=(("alltoall", B / 3),)).rate("alltoall_small") == B / 3
+
+
 def test_calibration_adds_each_schemes_missed_fixed_cost():
     w = uniform(10**6, 4, 2000, 2.0)
     calibrated = Profile(bandwidth=B, latency=0.0, **NO_LOCAL,

@@ -6,6 +6,7 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
 
     b      bandwidth per rank and direction, bytes/s (links are full duplex: a rank sends and receives at b);
            b_ar, b_a2a, b_p2p: what a ring all-reduce, an all-to-all and a pairwise exchange reach per rank
+           (b_a2a of all-to-alls whose pieces reach DUPLEX_ALL_TO_ALL_BYTES, b_a2a' of smaller ones)
            (measured by the probe; they differ on real transports: on gloo/TCP an all-to-all reaches
            60-95% of b, depending on the number of peers); b where not measured
     alpha  latency of one message step, s
@@ -55,6 +56,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
+from .comm import DUPLEX_ALL_TO_ALL_BYTES
+
 HEADER_INTS = 6  # zen's agreement header (comm.HEADER_FIELDS), sent by every scheme's first collective
 # Sizes (elements) of the small and the large calibration call (zen.prediction.calibrate).
 CALIBRATION_NUMELS = (1 << 16, 1 << 22)
@@ -92,8 +95,8 @@ def balanced_bytes(numel: int, density: float, n: int, gamma: float, imbalance: 
 class Profile:
     """A group's speeds. ``overheads`` holds measured fixed costs (s) of one call of a primitive:
     "allgather", "allreduce", "alltoall", "p2p"; a primitive not in it costs its message steps * latency.
-    ``rates`` holds measured bytes/s per rank of "allreduce", "alltoall" and "p2p"; a primitive not in it
-    runs at ``bandwidth``. ``call_overhead``: the fixed cost of one zen call (the lane hand-off).
+    ``rates`` holds measured bytes/s per rank of "allreduce", "alltoall", "alltoall_small" and "p2p"; one not
+    in it runs at ``bandwidth``. ``call_overhead``: the fixed cost of one zen call (the lane hand-off).
     ``calibration`` and ``calibration_large`` hold, per scheme, the seconds its formula missed on a measured
     call of ``CALIBRATION_NUMELS[0]`` and of ``CALIBRATION_NUMELS[1]`` elements (costs the per-primitive and
     per-element terms leave out; ``zen.prediction.calibrate``); :meth:`miss` interpolates them for a call."""
@@ -150,8 +153,13 @@ class Profile:
         return small + (large - small) * share
 
     def rate(self, primitive: str) -> float:
-        """Bytes/s per rank that ``primitive`` reaches ("allreduce", "alltoall", "p2p")."""
-        return dict(self.rates).get(primitive, self.bandwidth)
+        """Bytes/s per rank that ``primitive`` reaches ("allreduce", "alltoall", "alltoall_small", "p2p");
+        "alltoall_small" (the backend's own all-to-all, where zen sends small ones) is "alltoall"'s where
+        not measured."""
+        rates = dict(self.rates)
+        if primitive == "alltoall_small" and primitive not in rates:
+            primitive = "alltoall"
+        return rates.get(primitive, self.bandwidth)
 
 
 @dataclass
@@ -204,11 +212,15 @@ def _coo(count: float, w: Workload) -> float:
     return count * (w.index_size + w.value_size)
 
 
-def _alltoall(send: Sequence[float], recv: Sequence[float], w: Workload, p: Profile) -> float:
-    """c_a2a + max_r max(S_r, R_r) / b."""
+def _alltoall(send: Sequence[float], recv: Sequence[float], largest: float, w: Workload, p: Profile) -> float:
+    """c_a2a + max_r max(S_r, R_r) / b, at the rate of the transport that ``largest`` (the largest piece
+    a rank sends another) picks (``zen.comm.Comm.all_to_all``): b_a2a from DUPLEX_ALL_TO_ALL_BYTES on, the
+    backend's own all-to-all's below (on gloo it moves a pair's pieces one direction at a time: half of
+    b_a2a at 2 ranks)."""
     if w.n <= 1:
         return 0.0
-    return p.fixed("alltoall", w.n) + max(max(s, r) for s, r in zip(send, recv)) / p.rate("alltoall")
+    rate = p.rate("alltoall" if largest >= DUPLEX_ALL_TO_ALL_BYTES else "alltoall_small")
+    return p.fixed("alltoall", w.n) + max(max(s, r) for s, r in zip(send, recv)) / rate
 
 
 def _allgather(ints: int, w: Workload, p: Profile) -> float:
@@ -322,7 +334,8 @@ def agsparse_time(w: Workload, p: Profile) -> float:
     n, k = w.n, w.nnz
     t = p.call_overhead + _scan(w, p) + _agree(1, w, p)
     if n > 1 and sum(k) > 0:
-        t += _alltoall([(n - 1) * _coo(x, w) for x in k], [_coo(_others(k, r), w) for r in range(n)], w, p)
+        t += _alltoall([(n - 1) * _coo(x, w) for x in k], [_coo(_others(k, r), w) for r in range(n)],
+                       _coo(max(k), w), w, p)
         t += n * _coo(max(k), w) / p.memory_bandwidth + sum(k) * p.merge_time
     return t + _write_back(w.union, w, p)
 
@@ -341,14 +354,16 @@ def zen_phases(w: Workload, p: Profile) -> Dict[str, float]:
     send = [sum(_coo(c[r][j], w) for j in range(n) if j != r) for r in range(n)]
     recv = [sum(_coo(c[q][r], w) for q in range(n) if q != r) for r in range(n)]
     received = [sum(c[q][r] for q in range(n)) for r in range(n)]
-    phases["push"] = max(_coo(x, w) for x in w.nnz) / p.memory_bandwidth + _alltoall(send, recv, w, p)
+    largest = max(_coo(c[r][j], w) for r in range(n) for j in range(n) if j != r)
+    phases["push"] = max(_coo(x, w) for x in w.nnz) / p.memory_bandwidth + _alltoall(send, recv, largest, w, p)
     phases["aggregate"] = max(received) * p.merge_time
     pieces = [_zen_pull_piece(u, w) for u in w.hash_union]
     bitmap = [x < _coo(u, w) for x, u in zip(pieces, w.hash_union)]
     bitmap_bytes = w.numel / n / 8 / p.memory_bandwidth  # |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read
     phases["encode"] = max(u * p.encode_time + bitmap_bytes if b else 0.0 for u, b in zip(w.hash_union, bitmap))
     phases["pull"] = (_allgather(3, w, p) + n * max(pieces) / p.memory_bandwidth
-                      + _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p))
+                      + _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], max(pieces),
+                                  w, p))
     phases["decode"] = sum(u * p.decode_time + bitmap_bytes + lines_bytes(u, w.numel / n, w.index_size)
                            / p.memory_bandwidth for u, b in zip(w.hash_union, bitmap) if b)
     phases["scatter"] = _write_back(w.union, w, p)
@@ -408,10 +423,11 @@ def omnireduce_time(w: Workload, p: Profile) -> float:
     recv = [sum(_blocks_piece(c[q][r], ranges[r], w) for q in range(n) if q != r) for r in range(n)]
     received = [sum(c[q][r] for q in range(n)) for r in range(n)]
     if n > 1 and sum(blocks) > 0:
-        t += _alltoall(send, recv, w, p) + max(received) * 2 * bs * sv / p.memory_bandwidth
+        largest = max(_blocks_piece(c[r][j], ranges[j], w) for r in range(n) for j in range(n) if j != r)
+        t += _alltoall(send, recv, largest, w, p) + max(received) * 2 * bs * sv / p.memory_bandwidth
         pieces = [_blocks_piece(u, ranges[j], w) for j, u in enumerate(w.block_union)]
         t += _allgather(1, w, p)
-        t += _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], w, p)
+        t += _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], max(pieces), w, p)
         t += n * max(pieces) / p.memory_bandwidth
     union_blocks = sum(w.block_union)
     if w.dense_input:

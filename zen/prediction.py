@@ -127,7 +127,7 @@ def clear_profile(group=None) -> None:
     _profiles.pop(_key(group), None)
 
 
-RATES = ("allreduce", "alltoall", "p2p")
+RATES = ("allreduce", "alltoall", "alltoall_small", "p2p")
 _FIELDS = 10  # bandwidth, latency, memory_bandwidth, element_time, write_time, call_overhead, merge_time,
 #              encode_time, decode_time, found_time
 
@@ -248,6 +248,12 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         rates["alltoall"], _ = slope(lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n],
                                                                [piece(b)] * n, [piece(b)] * n, piece(b)),
                                      max(unit, a2a_unit))
+        if comm.reverse_group is not None:
+            # Smaller all-to-alls go as the backend's own (gloo moves a pair's pieces one direction at a
+            # time): pieces of 96 and 384 KiB, under DUPLEX_ALL_TO_ALL_BYTES at both ends of the slope.
+            rates["alltoall_small"], _ = slope(
+                lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n], [piece(b)] * n,
+                                          [piece(b)] * n, piece(b)), (96 << 10) * (n - 1), grow=False)
         peer = me ^ 1 if (me ^ 1) < n else None
         if peer is not None:  # (the last rank of an odd group sits this one out)
             small, small_in = big[:8], big_in[:8]
