@@ -17,7 +17,8 @@ of two) and one all-gather of counts:
 
 and combine them with the group's :class:`zen.cost.Profile`: set by :func:`set_profile`, or measured once
 per group by :func:`probe_profile` (a few seconds: small collectives for the fixed costs; all-reduces,
-all-to-alls and pairwise exchanges of u and 4 u bytes for the rates (the slope), u of 1-8 MiB; the local
+all-to-alls and pairwise exchanges of u and 4 u bytes for the rates (the slope), u of 1-8 MiB, and
+all-to-alls of 96 and 384 KiB pieces (the small ones' transport); the local
 kernels; see :func:`probe_now`) and cached. All ranks use rank 0's profile, so they all
 compute the same predictions.
 :func:`measure` returns the measured :class:`zen.cost.Workload` itself, for offline use with
