@@ -244,17 +244,15 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
             ring_step, _ = slope(lambda b: comm.exchange([(right, big[:b])], [(left, big_in[:b])]), unit)
             if rates["allreduce"] > 1.5 * ring_step:
                 rates["allreduce"] = ring_step
-        # All-to-all: b bytes to the n-1 peers.
-        piece = lambda b: b // (n - 1)  # noqa: E731
-        rates["alltoall"], _ = slope(lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n],
-                                                               [piece(b)] * n, [piece(b)] * n, piece(b)),
-                                     max(unit, a2a_unit))
+        def all_to_all(b):  # b bytes to the n-1 peers; the piece size picks the transport
+            piece = b // (n - 1)
+            comm.all_to_all(big_in[:piece * n], big[:piece * n], [piece] * n, [piece] * n, piece)
+
+        rates["alltoall"], _ = slope(all_to_all, max(unit, a2a_unit))
         if comm.reverse_group is not None:
             # Smaller all-to-alls go as the backend's own (gloo moves a pair's pieces one direction at a
             # time): pieces of 96 and 384 KiB, under DUPLEX_ALL_TO_ALL_BYTES at both ends of the slope.
-            rates["alltoall_small"], _ = slope(
-                lambda b: comm.all_to_all(big_in[:piece(b) * n], big[:piece(b) * n], [piece(b)] * n,
-                                          [piece(b)] * n, piece(b)), (96 << 10) * (n - 1), grow=False)
+            rates["alltoall_small"], _ = slope(all_to_all, (96 << 10) * (n - 1), grow=False)
         peer = me ^ 1 if (me ^ 1) < n else None
         if peer is not None:  # (the last rank of an odd group sits this one out)
             small, small_in = big[:8], big_in[:8]
