@@ -6,12 +6,13 @@
 
 Every iteration runs the schemes side by side on the same data, in a new order each time (shuffled by a
 seed that every rank shares: a call right after a heavy one runs ~10% slower, so no scheme may always
-follow the same one), each call timed as the slowest rank's time, and every result is compared with
+follow the same one), each call timed from the last rank's start to the last rank's end (where ranks share
+a host's clock; else the slowest rank's own time: ``zen.prediction.call_seconds``), and every result is compared with
 torch.distributed.all_reduce of the same data (#wrong counts elements off by more than the dtype's
 tolerance). "auto" is settled first (its measuring and trial calls, untimed; see run_case). One row per
 (size, density, scheme):
 
-    time     median (min, max) over iterations of the slowest rank's time of one call
+    time     median (min, max) over iterations of the time of one call, as above
     algbw    numel * s_v / time, as nccl-tests defines it (GB/s)
     sent     bytes one rank sent in one call (mean over ranks), as the scheme reports it
     speedup  dense median / scheme median
@@ -128,7 +129,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         zen.all_reduce(x0.clone(), scheme=instances["auto"])
         settle_calls += 1
     settle_seconds = time.perf_counter() - settle_start
-    times = {s: [] for s in schemes}
+    spans = {s: [] for s in schemes}  # (start, end) of every timed call on this rank
     sent = {s: [] for s in schemes}
     phases = {s: {} for s in schemes}
     wrong = {s: 0 for s in schemes}
@@ -146,9 +147,9 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
                 stats["bytes_sent"] = 2 * (world - 1) * numel * x.element_size() / world
             else:
                 zen.all_reduce(x, scheme=instances[scheme], stats=stats)
-            elapsed = time.perf_counter() - start
+            end = time.perf_counter()
             if it >= args.warmup:
-                times[scheme].append(elapsed)
+                spans[scheme].append((start, end))
                 sent[scheme].append(stats.get("bytes_sent", float("nan")))
                 for phase, seconds in stats.get("phases", {}).items():
                     phases[scheme].setdefault(phase, []).append(seconds)
@@ -156,12 +157,16 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
                 wrong[scheme] += int(bad.sum())
         if progress is not None:
             progress.update(1)
-    # The time of a call is its slowest rank's.
+    # The time of a call: from the last rank's start to the last rank's end (prediction.call_seconds).
+    clocks = [None] * world
+    dist.all_gather_object(clocks, prediction.clock_id())
     rows = []
     dense_median = None
     for scheme in schemes:
-        t = torch.tensor(times[scheme], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        every = [None] * world
+        dist.all_gather_object(every, spans[scheme])
+        t = torch.tensor(prediction.call_seconds([[s for s, _ in mine] for mine in every],
+                                                 [[e for _, e in mine] for mine in every], clocks), dtype=torch.float64)
         w = torch.tensor([wrong[scheme]], dtype=torch.int64)
         dist.all_reduce(w)
         b = torch.tensor([statistics.mean(sent[scheme])], dtype=torch.float64)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from zen import cost
 from zen.cost import Profile, Workload, estimate_workload, predict_times
 from zen.planner import embedding_workload, expected_distinct, main, workload_from_indices, zipf_probabilities
-from zen.prediction import parse_rate, parse_time
+from zen.prediction import call_seconds, clock_id, parse_rate, parse_time
 
 B = 1e9  # bytes/s
 NO_LOCAL = dict(memory_bandwidth=1e300, element_time=0.0, write_time=0.0, found_time=0.0, merge_time=0.0,
@@ -382,6 +382,15 @@ def test_parse_units():
     assert parse_time("0.1ms") == pytest.approx(1e-4)
     with pytest.raises(ValueError):
         parse_rate("1gbps")
+
+
+def test_a_calls_time_starts_when_the_last_rank_starts_it():
+    # Two calls on three ranks; rank 2 starts each 4 s late and the ranks end 1 s apart.
+    starts = [[0.0, 10.0], [0.0, 10.0], [4.0, 14.0]]
+    ends = [[5.0, 15.0], [6.0, 17.0], [5.0, 16.0]]
+    assert call_seconds(starts, ends, [7, 7, 7]) == [2.0, 3.0]  # one clock: last end - last start
+    assert call_seconds(starts, ends, [7, 8, 7]) == [6.0, 7.0]  # clocks apart: the slowest rank's own time
+    assert clock_id() == clock_id()
 
 
 # ---------------------------------------------------------------------------------------------------------

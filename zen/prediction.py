@@ -25,7 +25,9 @@ compute the same predictions.
 :func:`zen.cost.predict_times` under other profiles.
 """
 import dataclasses
+import functools
 import math
+import os
 import re
 import statistics
 import time
@@ -275,9 +277,35 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     return dataclasses.replace(profile, calibration=tuple(small.items()), calibration_large=tuple(large.items()))
 
 
+@functools.lru_cache(maxsize=1)
+def clock_id() -> int:
+    """An id of the clock that ``time.perf_counter`` reads (CLOCK_MONOTONIC, one per booted kernel): ranks
+    with the same id can compare their times; ranks that share no host (or cannot tell) never match."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return int(f.read().strip().replace("-", "")[:15], 16)
+    except (OSError, ValueError):
+        return -int.from_bytes(os.urandom(7), "little") - 1
+
+
+def call_seconds(starts, ends, clocks) -> List[float]:
+    """Per call i, its time on the group from every rank's ``starts[r][i]`` and ``ends[r][i]`` (perf_counter
+    seconds) and ``clocks[r]`` (:func:`clock_id`). On one clock: from the moment the last rank starts the
+    call to the moment the last one ends it, max_r end - max_r start: the collective itself, which the cost
+    model predicts. A rank that starts early only waits for the last (8 ranks sharing 2 cores leave a barrier
+    up to 10 ms apart; no network adds that). Without a shared clock: the slowest rank's own time,
+    max_r (end - start), which also holds that spread."""
+    if len(set(clocks)) == 1:
+        return [max(column_end) - max(column_start) for column_start, column_end in zip(zip(*starts), zip(*ends))]
+    return [max(e - s for s, e in zip(column_start, column_end))
+            for column_start, column_end in zip(zip(*starts), zip(*ends))]
+
+
 def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=None) -> List[List[float]]:
-    """Seconds of each of ``fns`` run by every rank at once, as a call's local phases run: ``times[i][r]``,
-    the slowest rank's time of ``fns[i]`` in repeat r after a common start (the same on every rank). The
+    """Seconds of each of ``fns`` run by every rank at once, as a call's local phases run: ``times[i][r]``
+    for ``fns[i]`` in repeat r after a common start, the same on every rank: a kernel's (``least`` > 0) is
+    the slowest rank's own time; a call's (``prepare``) is :func:`call_seconds`' (from the last rank's start
+    to the last one's end, where the ranks share a clock), as the benchmarks time calls. The
     fns take turns within every repeat, so the times of one repeat saw the same load on the host: a
     difference of two of them (a kernel's time less the part of it that another one measures) is taken
     per repeat, where a slow spell of a shared host cancels, not between medians taken seconds apart.
@@ -290,7 +318,7 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
     if prepare is not None and least > 0:
         raise ValueError("_together_times: prepare needs least = 0 (one run per repeat)")
 
-    def timed(fn, runs: int) -> float:
+    def timed(fn, runs: int) -> Tuple[int, int]:
         args = ()
         if prepare is not None:
             args = (prepare(),)
@@ -299,18 +327,25 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
         start = time.perf_counter()
         for _ in range(runs):
             fn(*args)
-        return time.perf_counter() - start
+        return round(start * _PS), round(time.perf_counter() * _PS)
+
+    def seconds(span: Tuple[int, int]) -> int:
+        return span[1] - span[0]
 
     counts = []
     for fn in fns:
         timed(fn, 1)  # warm-up
         runs = 1
         if least > 0:
-            once = comm.all_gather_rows([round(timed(fn, 1) * _PS)]).max().item() / _PS
+            once = comm.all_gather_rows([seconds(timed(fn, 1))]).max().item() / _PS
             runs = max(1, min(1000, math.ceil(least / max(once, 1e-9))))
         counts.append(runs)
-    mine = [round(timed(fn, runs) * _PS) for _ in range(repeats) for fn, runs in zip(fns, counts)]
-    slowest = comm.all_gather_rows(mine).max(dim=0).values.tolist()
+    spans = [timed(fn, runs) for _ in range(repeats) for fn, runs in zip(fns, counts)]
+    if prepare is None:
+        slowest = comm.all_gather_rows([seconds(span) for span in spans]).max(dim=0).values.tolist()
+    else:
+        rows = comm.all_gather_rows([clock_id()] + [t for span in spans for t in span]).tolist()
+        slowest = call_seconds([row[1::2] for row in rows], [row[2::2] for row in rows], [row[0] for row in rows])
     return [[slowest[r * len(fns) + i] / _PS / runs for r in range(repeats)] for i, runs in enumerate(counts)]
 
 
@@ -401,7 +436,7 @@ def calibrate(comm: Comm, profile: Profile, repeats: int = 5) -> Tuple[Dict[str,
     """Seconds each scheme's formula misses on a small and on a large call (collective, on the lane): ({scheme:
     miss} at ``CALIBRATION_NUMELS[0]`` elements, density 1%; {scheme: miss} at ``CALIBRATION_NUMELS[1]``,
     density 0.01%). Every scheme all-reduces a random tensor of that size; the miss is the call's time (from
-    a common start to the slowest rank's end, as the benchmarks time it; :func:`_together_time`) minus the
+    the last rank's start to the last one's end, as the benchmarks time it; :func:`call_seconds`) minus the
     formula's time for that call's measured workload, at least 0. The small call holds what the formulas'
     per-primitive latencies leave out (Python, the backend's per-message work); the large one also the
     waits that grow with the tensor: where ranks outnumber cores, a rank descheduled in a long local phase

@@ -7,11 +7,11 @@ doubling; plus, once per group, the profile probe unless ``zen.set_profile`` gav
 candidate's time (``zen.cost.predict_times``) and reduces with the smallest mean prediction over the
 measuring calls of the current window. The model's error (10-30% on a noisy host) exceeds the gap between
 the best schemes where they nearly tie, so the next calls are trials: every candidate predicted within
-``trial_margin`` times the best runs ``trials`` calls (interleaved), each timed as its slowest rank's time
-(one all-gather of one int64 per trial call), and the pick is the smallest median time (a median of 3 by
-default: a scheme's first call may pay one-off costs, such as zen's index sets I_j). Other calls go
-straight to the pick. Every number a decision uses was exchanged (rank 0's profile, everyone's counts, the
-slowest rank's times), so all ranks pick the same.
+``trial_margin`` times the best runs ``trials`` calls (interleaved), each timed from the last rank's start
+to the last one's end (one all-gather of three int64 per trial call; ``zen.prediction.call_seconds``),
+and the pick is the smallest median time (a median of 3 by default: a scheme's first call may pay one-off
+costs, such as zen's index sets I_j). Other calls go straight to the pick. Every number a decision uses
+was exchanged (rank 0's profile, everyone's counts, the calls' times), so all ranks pick the same.
 
 The measurement's first collective is the call's agreement, as the pick's is on the other calls (the
 agreement's row has the same length either way), so ranks that disagree on the tensor fail alike even
@@ -142,14 +142,18 @@ class Auto(Scheme):
         return history.choice
 
     def _timed(self, call: Call, numel: int, name: str, start: float) -> None:
-        """After a trial call: record its slowest rank's time; after the last trial, pick the smallest median."""
+        """After a trial call: record its time on the group (``zen.prediction.call_seconds``: from the last
+        rank's start to the last one's end); after the last trial, pick the smallest median."""
+        from ..prediction import call_seconds, clock_id
+
         if not call.stats["auto"].get("trial"):
             return
-        elapsed = time.perf_counter() - start
-        slowest = call.comm.all_gather_rows([round(elapsed * 1e9)]).max().item() / 1e9
+        end = time.perf_counter()
+        rows = call.comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
+        seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows], [row[0] for row in rows])[0] / 1e9
         history = self._history[(call.comm, numel)]
-        history.timings.setdefault(name, []).append(slowest)
-        call.stats["auto"]["seconds"] = slowest
+        history.timings.setdefault(name, []).append(seconds)
+        call.stats["auto"]["seconds"] = seconds
         if not history.trials:
             medians = {s: statistics.median(t) for s, t in history.timings.items()}
             history.choice = min(medians, key=lambda s: (medians[s], list(self.schemes).index(s)))
