@@ -112,12 +112,13 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     dist.all_reduce(nnz)
     # What zen.predict(x0) does, keeping its inputs for the JSON (so a sweep can be re-predicted offline).
     workload = profile = None
-    predicted, predicted_phases = {}, {}
+    predicted, predicted_phases = {}, {}  # predicted_phases[scheme][phase], ms
     if not args.no_predict:
         workload = prediction.measure(x0)
         profile = prediction.cached_profile() or prediction.probe_profile()
         predicted = cost.predict_times(workload, profile)
-        predicted_phases = {k: v * 1e3 for k, v in cost.zen_phases(workload, profile).items()}
+        predicted_phases = {scheme: {k: v * 1e3 for k, v in phases(workload, profile).items()}
+                            for scheme, phases in cost.PHASE_FORMULAS.items()}
     tol = TOLERANCE[x0.dtype]
     truth_max = truth.abs().max().item()
     # A fresh "auto" per case, as in a new job (a pick made for the previous case's density would otherwise
@@ -190,7 +191,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "settle_s": settle_seconds if scheme == "auto" else 0.0,
             "auto_choice": instances[scheme].choice(comm, numel) if scheme == "auto" else None,
             "auto_trials": instances[scheme].trial_times(comm, numel) if scheme == "auto" else None,
-            "phases_predicted_ms": predicted_phases if scheme == "zen" else {},
+            "phases_predicted_ms": predicted_phases.get(scheme, {}),
             "profile": None if profile is None else dataclasses.asdict(profile),
             "workload": None if workload is None else dataclasses.asdict(workload),
         })
@@ -226,7 +227,7 @@ def format_table(rows):
                      f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}")
     phased = [r for r in rows if r.get("phases_ms")]
     if phased:
-        lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians; zen: measured/predicted):"]
+        lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians; measured/predicted):"]
         for r in phased:
             predicted = r.get("phases_predicted_ms") or {}
             parts = "  ".join(f"{p} {v:.2f}" + (f"/{predicted[p]:.2f}" if p in predicted else "")

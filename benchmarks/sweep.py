@@ -78,7 +78,7 @@ def repredict(rows):
     """Recompute every row's predicted time from its stored workload and profile with the current
     cost model (rows of one case share them)."""
     sys.path.insert(0, os.path.dirname(HERE))
-    from zen.cost import Profile, Workload, predict_times, zen_phases
+    from zen.cost import PHASE_FORMULAS, Profile, Workload, predict_times
 
     for row in rows:
         if row.get("workload") and row.get("profile"):
@@ -88,8 +88,9 @@ def repredict(rows):
             workload, profile = Workload(**row["workload"]), Profile(**profile)
             times = predict_times(workload, profile)
             row["time_predicted"] = times[row["scheme"]] if row["scheme"] in times else times["auto"]
-            if row["scheme"] == "zen":
-                row["phases_predicted_ms"] = {k: v * 1e3 for k, v in zen_phases(workload, profile).items()}
+            if row["scheme"] in PHASE_FORMULAS:
+                phases = PHASE_FORMULAS[row["scheme"]](workload, profile)
+                row["phases_predicted_ms"] = {k: v * 1e3 for k, v in phases.items()}
     return rows
 
 

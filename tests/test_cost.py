@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zen import cost
+from zen.comm import DUPLEX_ALL_TO_ALL_BYTES, DUPLEX_PAIR_BYTES, duplex_all_to_all
 from zen.cost import Profile, Workload, estimate_workload, predict_times
 from zen.planner import embedding_workload, expected_distinct, main, workload_from_indices, zipf_probabilities
 from zen.prediction import call_seconds, clock_id, parse_rate, parse_time
@@ -67,15 +68,21 @@ def test_measured_rates_replace_the_bandwidth_per_primitive():
 
 
 def test_small_all_to_alls_run_at_the_backends_own_rate():
-    """An all-to-all whose largest piece is under DUPLEX_ALL_TO_ALL_BYTES runs at "alltoall_small" (the
+    """An all-to-all whose largest piece is under DUPLEX_ALL_TO_ALL_BYTES (DUPLEX_PAIR_BYTES between two ranks)
+    runs at "alltoall_small" (the
     transport ``Comm.all_to_all`` picks for it), one from it on at "alltoall"; unmeasured, small is big."""
     n = 4
     p = Profile(bandwidth=B, latency=0.0, **NO_LOCAL, rates=(("alltoall", B), ("alltoall_small", B / 2)))
-    small, large = 1000, cost.DUPLEX_ALL_TO_ALL_BYTES // 8 + 1  # pairs per rank (8 bytes each)
+    small, large = 1000, DUPLEX_ALL_TO_ALL_BYTES // 8 + 1  # pairs per rank (8 bytes each)
     for k, rate in ((small, B / 2), (large, B)):
         w = uniform(10**7, n, k, 2.0)
         assert cost.agsparse_time(w, p) == pytest.approx((n - 1) * k * 8 / rate + agree_bytes(n, 1), rel=1e-12)
     assert Profile(bandwidth=B, latency=0.0, rates=(("alltoall", B / 3),)).rate("alltoall_small") == B / 3
+    # Between two ranks the duplex transport takes over from DUPLEX_PAIR_BYTES (one peer: one message each way).
+    assert not duplex_all_to_all(2, DUPLEX_PAIR_BYTES - 1) and duplex_all_to_all(2, DUPLEX_PAIR_BYTES)
+    assert not duplex_all_to_all(4, DUPLEX_PAIR_BYTES) and duplex_all_to_all(4, DUPLEX_ALL_TO_ALL_BYTES)
+    k = DUPLEX_PAIR_BYTES // 8
+    assert cost.agsparse_time(uniform(10**7, 2, k, 2.0), p) == pytest.approx(k * 8 / B + agree_bytes(2, 1), rel=1e-12)
 
 
 def test_calibration_adds_each_schemes_missed_fixed_cost():

@@ -73,10 +73,20 @@ class BrokenGroupError(RuntimeError):
     died, a timeout, a corrupt buffer): the ranks may be out of step, so the group is not used again."""
 
 
-# On gloo, all-to-alls whose largest message reaches this go as point-to-point messages over the two
-# direction groups; smaller ones as gloo's own all-to-all, whose fixed cost is lower (4 ranks on loopback,
-# 16 KiB per peer: 1.6 ms against 3.7 ms).
+# On gloo, all-to-alls whose largest message reaches DUPLEX_ALL_TO_ALL_BYTES go as point-to-point messages
+# over the two direction groups; smaller ones as gloo's own all-to-all, whose fixed cost is lower (4 ranks
+# on loopback, 16 KiB per peer: 1.6 ms against 3.7 ms; 8 ranks on 2 cores at 1 Gbit/s, 32-256 KiB: 0.7-0.85x
+# the duplex time). Between two ranks gloo's own moves the pair's two pieces one direction at a time
+# (100 Mbit/s, 32-256 KiB: 1.75-1.85x the duplex time), so there the duplex transport, one message each
+# way, takes over from DUPLEX_PAIR_BYTES.
 DUPLEX_ALL_TO_ALL_BYTES = 512 << 10
+DUPLEX_PAIR_BYTES = 16 << 10
+
+
+def duplex_all_to_all(n: int, largest: int) -> bool:
+    """Whether :meth:`Comm.all_to_all` sends an all-to-all of n ranks whose largest piece is ``largest``
+    bytes as point-to-point messages over the two direction groups (on gloo; the cost model's rule too)."""
+    return largest >= (DUPLEX_PAIR_BYTES if n == 2 else DUPLEX_ALL_TO_ALL_BYTES)
 
 
 def shape_code(shape) -> int:
@@ -321,11 +331,11 @@ class Comm:
         rank q. ``largest``: the largest piece any rank sends to another in this all-to-all. It picks the
         transport, so it must be the same on every rank (the schemes know every size from their agreement).
 
-        On gloo, from ``DUPLEX_ALL_TO_ALL_BYTES`` on, the pieces go as point-to-point messages over the two
-        direction groups, in a staggered order (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ...
+        On gloo, from ``DUPLEX_ALL_TO_ALL_BYTES`` on (``DUPLEX_PAIR_BYTES`` between two ranks:
+        :func:`duplex_all_to_all`), the pieces go as point-to-point messages over the two direction groups, in a staggered order (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ...
         so no rank is everyone's first peer): 2 ranks at 1 Gbit/s, 4 MiB each way: 39 ms against gloo's own
         all-to-all's 70 ms; 4 ranks: 133 against 196 ms; 8 ranks: 313 against 362 ms."""
-        if self.reverse_group is None or largest < DUPLEX_ALL_TO_ALL_BYTES:
+        if self.reverse_group is None or not duplex_all_to_all(self.world, largest):
             dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
             return
         n, me = self.world, self.rank

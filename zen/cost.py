@@ -6,7 +6,7 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
 
     b      bandwidth per rank and direction, bytes/s (links are full duplex: a rank sends and receives at b);
            b_ar, b_a2a, b_p2p: what a ring all-reduce, an all-to-all and a pairwise exchange reach per rank
-           (b_a2a of all-to-alls whose pieces reach DUPLEX_ALL_TO_ALL_BYTES, b_a2a' of smaller ones)
+           (b_a2a of all-to-alls sent over zen's duplex transport, b_a2a' of smaller ones: comm.duplex_all_to_all)
            (measured by the probe; they differ on real transports: on gloo/TCP an all-to-all reaches
            60-95% of b, depending on the number of peers); b where not measured
     alpha  latency of one message step, s
@@ -56,7 +56,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .comm import DUPLEX_ALL_TO_ALL_BYTES
+from .comm import duplex_all_to_all
 
 HEADER_INTS = 6  # zen's agreement header (comm.HEADER_FIELDS), sent by every scheme's first collective
 # Sizes (elements) of the small and the large calibration call (zen.prediction.calibrate).
@@ -214,12 +214,11 @@ def _coo(count: float, w: Workload) -> float:
 
 def _alltoall(send: Sequence[float], recv: Sequence[float], largest: float, w: Workload, p: Profile) -> float:
     """c_a2a + max_r max(S_r, R_r) / b, at the rate of the transport that ``largest`` (the largest piece
-    a rank sends another) picks (``zen.comm.Comm.all_to_all``): b_a2a from DUPLEX_ALL_TO_ALL_BYTES on, the
-    backend's own all-to-all's below (on gloo it moves a pair's pieces one direction at a time: half of
-    b_a2a at 2 ranks)."""
+    a rank sends another) picks (``zen.comm.duplex_all_to_all``): b_a2a on zen's duplex transport, the
+    backend's own all-to-all's (b_a2a') below it."""
     if w.n <= 1:
         return 0.0
-    rate = p.rate("alltoall" if largest >= DUPLEX_ALL_TO_ALL_BYTES else "alltoall_small")
+    rate = p.rate("alltoall" if duplex_all_to_all(w.n, largest) else "alltoall_small")
     return p.fixed("alltoall", w.n) + max(max(s, r) for s, r in zip(send, recv)) / rate
 
 
@@ -328,16 +327,23 @@ def dense_time(w: Workload, p: Profile) -> float:
     return t
 
 
-def agsparse_time(w: Workload, p: Profile) -> float:
-    """Agreement (k_r), all-to-all of the repeated COO pieces (rank r sends (n-1) k_r (s_i + s_v) and
-    receives sum_{q != r} k_q (s_i + s_v)), the local sum of all n k pairs (m each), the write-back of U."""
+def agsparse_phases(w: Workload, p: Profile) -> Dict[str, float]:
+    """All-gather sparse, phase by phase (the phases a call records): scan; agreement (k_r); gather: the
+    all-to-all of the repeated COO pieces (rank r sends (n-1) k_r (s_i + s_v) and receives
+    sum_{q != r} k_q (s_i + s_v)); sum: unpacking the n pieces and merging all n k pairs (m each); scatter:
+    the write-back of U."""
     n, k = w.n, w.nnz
-    t = p.call_overhead + _scan(w, p) + _agree(1, w, p)
+    phases = dict(scan=_scan(w, p), agree=_agree(1, w, p), gather=0.0, sum=0.0)
     if n > 1 and sum(k) > 0:
-        t += _alltoall([(n - 1) * _coo(x, w) for x in k], [_coo(_others(k, r), w) for r in range(n)],
-                       _coo(max(k), w), w, p)
-        t += n * _coo(max(k), w) / p.memory_bandwidth + sum(k) * p.merge_time
-    return t + _write_back(w.union, w, p)
+        phases["gather"] = _alltoall([(n - 1) * _coo(x, w) for x in k], [_coo(_others(k, r), w) for r in range(n)],
+                                     _coo(max(k), w), w, p)
+        phases["sum"] = n * _coo(max(k), w) / p.memory_bandwidth + sum(k) * p.merge_time
+    return dict(phases, scatter=_write_back(w.union, w, p))
+
+
+def agsparse_time(w: Workload, p: Profile) -> float:
+    """All-gather sparse: the call's fixed cost and the sum of :func:`agsparse_phases`."""
+    return p.call_overhead + sum(agsparse_phases(w, p).values())
 
 
 def zen_phases(w: Workload, p: Profile) -> Dict[str, float]:
@@ -434,6 +440,12 @@ def omnireduce_time(w: Workload, p: Profile) -> float:
         return t + union_blocks * bs * sv / p.memory_bandwidth
     return t + union_blocks * bs * (sv / p.memory_bandwidth + p.write_time)
 
+
+# The schemes whose calls record their phases (``stats["phases"]``), with each phase's formula.
+PHASE_FORMULAS: Dict[str, Callable[[Workload, Profile], Dict[str, float]]] = {
+    "agsparse": agsparse_phases,
+    "zen": zen_phases,
+}
 
 TIME_FORMULAS: Dict[str, Callable[[Workload, Profile], float]] = {
     "dense": dense_time,

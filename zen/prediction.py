@@ -251,9 +251,9 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
             comm.all_to_all(big_in[:piece * n], big[:piece * n], [piece] * n, [piece] * n, piece)
 
         rates["alltoall"], _ = slope(all_to_all, max(unit, a2a_unit))
-        if comm.reverse_group is not None:
-            # Smaller all-to-alls go as the backend's own (gloo moves a pair's pieces one direction at a
-            # time): pieces of 96 and 384 KiB, under DUPLEX_ALL_TO_ALL_BYTES at both ends of the slope.
+        if comm.reverse_group is not None and n > 2:
+            # Smaller all-to-alls go as gloo's own (between two ranks, only the smallest: its rate is
+            # left unmeasured there): pieces of 96 and 384 KiB, under DUPLEX_ALL_TO_ALL_BYTES at both ends.
             rates["alltoall_small"], _ = slope(all_to_all, (96 << 10) * (n - 1), grow=False)
         peer = me ^ 1 if (me ^ 1) < n else None
         if peer is not None:  # (the last rank of an odd group sits this one out)

@@ -30,6 +30,7 @@ class AllGatherSparse(Scheme):
         indices = indices.to(idx_dtype)
 
         nnz = call.agree([indices.numel()])[:, 0].tolist()
+        call.mark("agree")
         sizes = [wire.coo_bytes(k, si, sv) for k in nnz]
         call.stats.update(nnz=nnz, bytes_sent=(n - 1) * sizes[me])
         if sum(sizes) == 0:
@@ -40,10 +41,12 @@ class AllGatherSparse(Scheme):
         gathered = torch.empty(sum(sizes), dtype=torch.uint8, device=payload.device)
         comm.all_gather_bytes(gathered, payload, sizes)
         del payload
+        call.mark("gather")
 
         pieces = [wire.unpack_coo(buf, k, idx_dtype, val_dtype) for buf, k in zip(wire.split(gathered, sizes), nnz)]
         union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
                                              numel)
+        call.mark("sum")
         mean_nnz = sum(nnz) / n
         call.stats.update(union=union_idx.numel(), gamma=union_idx.numel() / mean_nnz if mean_nnz else 0.0)
         return [(union_idx, union_val)]
