@@ -332,9 +332,10 @@ class Comm:
         transport, so it must be the same on every rank (the schemes know every size from their agreement).
 
         On gloo, from ``DUPLEX_ALL_TO_ALL_BYTES`` on (``DUPLEX_PAIR_BYTES`` between two ranks:
-        :func:`duplex_all_to_all`), the pieces go as point-to-point messages over the two direction groups, in a staggered order (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ...
-        so no rank is everyone's first peer): 2 ranks at 1 Gbit/s, 4 MiB each way: 39 ms against gloo's own
-        all-to-all's 70 ms; 4 ranks: 133 against 196 ms; 8 ranks: 313 against 362 ms."""
+        :func:`duplex_all_to_all`), the pieces go as point-to-point messages over the two direction groups,
+        in a staggered order (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ... so no rank is
+        everyone's first peer): 2 ranks at 1 Gbit/s, 4 MiB each way: 39 ms against gloo's own all-to-all's
+        70 ms; 4 ranks: 133 against 196 ms; 8 ranks: 313 against 362 ms."""
         if self.reverse_group is None or not duplex_all_to_all(self.world, largest):
             dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
             return

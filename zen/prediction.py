@@ -329,7 +329,7 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
             fn(*args)
         return round(start * _PS), round(time.perf_counter() * _PS)
 
-    def seconds(span: Tuple[int, int]) -> int:
+    def length(span: Tuple[int, int]) -> int:  # picoseconds
         return span[1] - span[0]
 
     counts = []
@@ -337,12 +337,12 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
         timed(fn, 1)  # warm-up
         runs = 1
         if least > 0:
-            once = comm.all_gather_rows([seconds(timed(fn, 1))]).max().item() / _PS
+            once = comm.all_gather_rows([length(timed(fn, 1))]).max().item() / _PS
             runs = max(1, min(1000, math.ceil(least / max(once, 1e-9))))
         counts.append(runs)
     spans = [timed(fn, runs) for _ in range(repeats) for fn, runs in zip(fns, counts)]
     if prepare is None:
-        slowest = comm.all_gather_rows([seconds(span) for span in spans]).max(dim=0).values.tolist()
+        slowest = comm.all_gather_rows([length(span) for span in spans]).max(dim=0).values.tolist()
     else:
         rows = comm.all_gather_rows([clock_id()] + [t for span in spans for t in span]).tolist()
         slowest = call_seconds([row[1::2] for row in rows], [row[2::2] for row in rows], [row[0] for row in rows])

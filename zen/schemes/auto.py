@@ -150,7 +150,8 @@ class Auto(Scheme):
             return
         end = time.perf_counter()
         rows = call.comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
-        seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows], [row[0] for row in rows])[0] / 1e9
+        seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows],
+                               [row[0] for row in rows])[0] / 1e9
         history = self._history[(call.comm, numel)]
         history.timings.setdefault(name, []).append(seconds)
         call.stats["auto"]["seconds"] = seconds
