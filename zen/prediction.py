@@ -295,10 +295,10 @@ def call_seconds(starts, ends, clocks) -> List[float]:
     model predicts. A rank that starts early only waits for the last (8 ranks sharing 2 cores leave a barrier
     up to 10 ms apart; no network adds that). Without a shared clock: the slowest rank's own time,
     max_r (end - start), which also holds that spread."""
+    calls = zip(zip(*starts), zip(*ends))  # per call: (every rank's start, every rank's end)
     if len(set(clocks)) == 1:
-        return [max(column_end) - max(column_start) for column_start, column_end in zip(zip(*starts), zip(*ends))]
-    return [max(e - s for s, e in zip(column_start, column_end))
-            for column_start, column_end in zip(zip(*starts), zip(*ends))]
+        return [max(ends_i) - max(starts_i) for starts_i, ends_i in calls]
+    return [max(end - start for start, end in zip(starts_i, ends_i)) for starts_i, ends_i in calls]
 
 
 def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=None) -> List[List[float]]:
