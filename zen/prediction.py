@@ -217,7 +217,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
                and comm.all_gather_rows([round(t_one * _PS)]).max() < RATE_SECONDS * _PS):
             unit *= 2
             t_one = _median_time(lambda: run(unit), repeats)
-        ones, fours = _turn_times([lambda: run(unit), lambda: run(4 * unit)], repeats)
+        ones, fours = _together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], repeats)
         return 3 * unit / max(statistics.median(b - a for a, b in zip(ones, fours)), 1e-9), unit
 
     if n > 1:
@@ -255,12 +255,17 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
             # Smaller all-to-alls go as gloo's own (between two ranks, only the smallest: its rate is
             # left unmeasured there): pieces of 96 and 384 KiB, under DUPLEX_ALL_TO_ALL_BYTES at both ends.
             rates["alltoall_small"], _ = slope(all_to_all, (96 << 10) * (n - 1), grow=False)
-        peer = me ^ 1 if (me ^ 1) < n else None
-        if peer is not None:  # (the last rank of an odd group sits this one out)
-            small, small_in = big[:8], big_in[:8]
-            mine["p2p"] = _median_time(lambda: comm.exchange([(peer, small)], [(peer, small_in)]), repeats)
-            # at the all-reduce's unit: a pair alone cannot agree with the others on growing it
-            rates["p2p"], _ = slope(lambda b: comm.exchange([(peer, big[:b])], [(peer, big_in[:b])]), unit, grow=False)
+        peer = me ^ 1 if (me ^ 1) < n else None  # (the last rank of an odd group sits the pairs out)
+        peers = [peer] if peer is not None else []
+
+        def exchange(b):  # b bytes each way with the peer
+            comm.exchange([(q, big[:b]) for q in peers], [(q, big_in[:b]) for q in peers])
+
+        if peer is not None:
+            mine["p2p"] = _median_time(lambda: exchange(8), repeats)
+        p2p_rate, _ = slope(exchange, unit, grow=False)  # at the all-reduce's unit (grown alike on every rank)
+        if peer is not None:
+            rates["p2p"] = p2p_rate
     kernels = _probe_kernels(comm, repeats)
     with ThreadPoolExecutor(max_workers=1) as pool:
         hop = _median_time(lambda: pool.submit(lambda: None).result(), repeats)
@@ -302,26 +307,26 @@ def call_seconds(starts, ends, clocks) -> List[float]:
 
 
 def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=None) -> List[List[float]]:
-    """Seconds of each of ``fns`` run by every rank at once, as a call's local phases run: ``times[i][r]``
-    for ``fns[i]`` in repeat r after a common start, the same on every rank: a kernel's (``least`` > 0) is
-    the slowest rank's own time; a call's (``prepare``) is :func:`call_seconds`' (from the last rank's start
-    to the last one's end, where the ranks share a clock), as the benchmarks time calls. The
-    fns take turns within every repeat, so the times of one repeat saw the same load on the host: a
-    difference of two of them (a kernel's time less the part of it that another one measures) is taken
-    per repeat, where a slow spell of a shared host cancels, not between medians taken seconds apart.
-    With ``least`` > 0, each repeat runs a fn back to back as often as makes the slowest rank take at
-    least ``least`` seconds (the same count on every rank) and the time is per run: a short kernel would
-    otherwise end before ranks that share cores have all been scheduled, and look uncontended.
-    ``prepare`` (only with ``least`` = 0): run before every run of a fn, untimed, its result passed to
-    the fn (e.g. a fresh copy of the tensor that an all-reduce overwrites, as the benchmarks make one),
-    followed by a pause of ``QUIET_SECONDS`` (as the benchmarks pause) so that the run starts quiet."""
+    """Seconds of each of ``fns`` run by every rank at once: ``times[i][r]`` for ``fns[i]`` in repeat r after a
+    common start, the same on every rank. The fns take turns within every repeat, so the times of one
+    repeat saw the same load on the host: a difference of two of them (a kernel's time less the part of
+    it that another one measures, a large message's time less a small one's) is taken per repeat, where a
+    slow spell of a shared host cancels, not between medians taken seconds apart.
+
+    Kernels (``least`` > 0): each repeat runs a fn back to back as often as makes the slowest rank take at
+    least ``least`` seconds (the same count on every rank); the time is the slowest rank's own, per run (a
+    short kernel would otherwise end before ranks that share cores have all been scheduled, and look
+    uncontended). Calls (``least`` = 0): one run per repeat, after a pause of ``QUIET_SECONDS`` (as the
+    benchmarks pause, so that it starts quiet), timed as the benchmarks time a call (:func:`call_seconds`:
+    from the last rank's start to the last one's end, where the ranks share a clock). ``prepare`` (calls
+    only): run before every run, untimed, its result passed to the fn (e.g. a fresh copy of the tensor that
+    an all-reduce overwrites, as the benchmarks make one)."""
     if prepare is not None and least > 0:
         raise ValueError("_together_times: prepare needs least = 0 (one run per repeat)")
 
     def timed(fn, runs: int) -> Tuple[int, int]:
-        args = ()
-        if prepare is not None:
-            args = (prepare(),)
+        args = (prepare(),) if prepare is not None else ()
+        if least == 0:
             time.sleep(QUIET_SECONDS)
         comm.all_gather_rows([0])  # the common start
         start = time.perf_counter()
@@ -341,7 +346,7 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
             runs = max(1, min(1000, math.ceil(least / max(once, 1e-9))))
         counts.append(runs)
     spans = [timed(fn, runs) for _ in range(repeats) for fn, runs in zip(fns, counts)]
-    if prepare is None:
+    if least > 0:
         slowest = comm.all_gather_rows([length(span) for span in spans]).max(dim=0).values.tolist()
     else:
         rows = comm.all_gather_rows([clock_id()] + [t for span in spans for t in span]).tolist()
