@@ -26,6 +26,7 @@ schemes that report phases.
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import statistics
@@ -60,6 +61,9 @@ def build_parser():
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--min-seconds", type=float, default=0.5,
+                   help="time a short call more than --iters times, until its calls add up to this")
+    p.add_argument("--max-iters", type=int, default=41, help="at most this many timed calls of a short call")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bandwidth", default=None, help="emulated link rate, e.g. 1gbit (runs an emulated cluster, root)")
     p.add_argument("--latency", default="0ms", help="emulated one-way link latency, e.g. 0.1ms")
@@ -94,6 +98,18 @@ def cases(args):
 def imbalance(loads):
     loads = loads.double()
     return (loads.max() / loads.mean()).item() if loads.sum() > 0 else 1.0
+
+
+def timed_calls(args, warm_up_seconds):
+    """Timed calls per scheme: ``--iters``, or more for a short call, up to ``--max-iters``, so that its calls
+    add up to ``--min-seconds`` (as estimated by the slowest rank's warm-up call; the same on every rank).
+    A call of a few ms on ranks that share cores varies by 3x from call to call (the hand-offs between
+    threads wait for a core), where a call of seconds varies by a few %: the median of 5 of the first
+    is no estimate of its typical time."""
+    slowest = torch.tensor([warm_up_seconds[s] for s in warm_up_seconds], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return {s: max(args.iters, min(args.max_iters, math.ceil(args.min_seconds / max(t, 1e-6))))
+            for s, t in zip(warm_up_seconds, slowest.tolist())}
 
 
 def run_case(args, schemes, numel, density, rank, world, progress=None):
@@ -134,8 +150,10 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     sent = {s: [] for s in schemes}
     phases = {s: {} for s in schemes}
     wrong = {s: 0 for s in schemes}
-    for it in range(args.warmup + args.iters):
-        order = list(schemes)
+    counts = {s: args.iters for s in schemes}  # timed calls per scheme; grown after the warm-up
+    it = 0
+    while it < args.warmup + max(counts.values()):
+        order = [s for s in schemes if it < args.warmup + counts[s]]
         random.Random(args.seed * 1000 + it).shuffle(order)
         for scheme in order:
             x = x0.clone()
@@ -149,15 +167,19 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             else:
                 zen.all_reduce(x, scheme=instances[scheme], stats=stats)
             end = time.perf_counter()
+            spans[scheme].append((start, end))
             if it >= args.warmup:
-                spans[scheme].append((start, end))
                 sent[scheme].append(stats.get("bytes_sent", float("nan")))
                 for phase, seconds in stats.get("phases", {}).items():
                     phases[scheme].setdefault(phase, []).append(seconds)
                 bad = (x - truth).abs_() > tol * (truth.abs() + truth_max)
                 wrong[scheme] += int(bad.sum())
+        if it == args.warmup - 1:
+            counts = timed_calls(args, {s: spans[s][-1][1] - spans[s][-1][0] for s in schemes})
+        it += 1
         if progress is not None:
             progress.update(1)
+    spans = {s: spans[s][args.warmup:] for s in schemes}
     # The time of a call: from the last rank's start to the last rank's end (prediction.call_seconds).
     clocks = [None] * world
     dist.all_gather_object(clocks, prediction.clock_id())
@@ -183,7 +205,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "nnz_per_rank": nnz.item() / world, "density": nnz.item() / world / numel,
             "union_density": union_idx.numel() / numel, "imbalance_hash": hash_imb,
             "imbalance_contiguous": contiguous_imb, "time_median": median, "time_min": t.min().item(),
-            "time_max": t.max().item(), "algbw_GBps": numel * x0.element_size() / median / 1e9,
+            "time_max": t.max().item(), "calls": t.numel(), "algbw_GBps": numel * x0.element_size() / median / 1e9,
             "bytes_sent": b.item() / world, "wrong": int(w.item()),
             "time_predicted": predicted.get(scheme, float("nan")),
             "phases_ms": {p: v * 1e3 / world for p, v in zip(names, mine.tolist())},

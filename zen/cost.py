@@ -415,35 +415,43 @@ def sparcml_time(w: Workload, p: Profile) -> float:
     return t + _write_back(w.union, w, p)
 
 
-def omnireduce_time(w: Workload, p: Profile) -> float:
-    """OmniReduce: non-zero blocks (e per non-zero, a copy of the K blocks), agreement (n counts), push
-    all-to-all of BLOCKS pieces to the owners, the owners' sums (2 B s_v / mu per received block),
-    pull-size all-gather, pull all-to-all of every owner's summed blocks, write-back of the union blocks."""
+def omnireduce_phases(w: Workload, p: Profile) -> Dict[str, float]:
+    """OmniReduce, phase by phase (the phases a call records): scan: the non-zeros, their block ids (e per
+    non-zero) and a copy of the K non-zero blocks; agreement (n counts); push: the all-to-all of BLOCKS
+    pieces to the owners; sum: the owners' sums (2 B s_v / mu per received block); pull: the pull-size
+    all-gather, the owner's piece repeated n times and the all-to-all of every owner's summed blocks;
+    scatter: the write-back of the union blocks."""
     n, c, bs, sv = w.n, w.block_counts, w.block_size, w.value_size
     num_blocks = -(-w.numel // bs)
     ranges = [(j + 1) * num_blocks // n - j * num_blocks // n for j in range(n)]
     blocks = [sum(row) for row in c]
-    t = p.call_overhead + _scan(w, p) + max(w.nnz) * p.element_time + _agree(n, w, p)
-    t += max(blocks) * bs * sv / p.memory_bandwidth
-    send = [sum(_blocks_piece(c[r][j], ranges[j], w) for j in range(n) if j != r) for r in range(n)]
-    recv = [sum(_blocks_piece(c[q][r], ranges[r], w) for q in range(n) if q != r) for r in range(n)]
-    received = [sum(c[q][r] for q in range(n)) for r in range(n)]
+    phases = dict(scan=_scan(w, p) + max(w.nnz) * p.element_time + max(blocks) * bs * sv / p.memory_bandwidth,
+                  agree=_agree(n, w, p), push=0.0, sum=0.0, pull=0.0)
     if n > 1 and sum(blocks) > 0:
+        send = [sum(_blocks_piece(c[r][j], ranges[j], w) for j in range(n) if j != r) for r in range(n)]
+        recv = [sum(_blocks_piece(c[q][r], ranges[r], w) for q in range(n) if q != r) for r in range(n)]
+        received = [sum(c[q][r] for q in range(n)) for r in range(n)]
         largest = max(_blocks_piece(c[r][j], ranges[j], w) for r in range(n) for j in range(n) if j != r)
-        t += _alltoall(send, recv, largest, w, p) + max(received) * 2 * bs * sv / p.memory_bandwidth
+        phases["push"] = _alltoall(send, recv, largest, w, p)
+        phases["sum"] = max(received) * 2 * bs * sv / p.memory_bandwidth
         pieces = [_blocks_piece(u, ranges[j], w) for j, u in enumerate(w.block_union)]
-        t += _allgather(1, w, p)
-        t += _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)], max(pieces), w, p)
-        t += n * max(pieces) / p.memory_bandwidth
-    union_blocks = sum(w.block_union)
-    if w.dense_input:
-        return t + union_blocks * bs * sv / p.memory_bandwidth
-    return t + union_blocks * bs * (sv / p.memory_bandwidth + p.write_time)
+        phases["pull"] = (_allgather(1, w, p) + n * max(pieces) / p.memory_bandwidth
+                          + _alltoall([(n - 1) * x for x in pieces], [_others(pieces, r) for r in range(n)],
+                                      max(pieces), w, p))
+    union_values = sum(w.block_union) * bs
+    phases["scatter"] = union_values * (sv / p.memory_bandwidth + (0.0 if w.dense_input else p.write_time))
+    return phases
+
+
+def omnireduce_time(w: Workload, p: Profile) -> float:
+    """OmniReduce: the call's fixed cost and the sum of :func:`omnireduce_phases`."""
+    return p.call_overhead + sum(omnireduce_phases(w, p).values())
 
 
 # The schemes whose calls record their phases (``stats["phases"]``), with each phase's formula.
 PHASE_FORMULAS: Dict[str, Callable[[Workload, Profile], Dict[str, float]]] = {
     "agsparse": agsparse_phases,
+    "omnireduce": omnireduce_phases,
     "zen": zen_phases,
 }
 

@@ -37,8 +37,11 @@ class OmniReduce(Scheme):
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
         indices, _ = ops.nonzero(flat)
         ids = torch.unique_consecutive(indices.long() // self.block_size)
-        for union_ids, union_vals in self._sync(call, ids, gather_blocks(flat, ids, self.block_size), flat.numel()):
+        blocks = gather_blocks(flat, ids, self.block_size)
+        call.mark("scan")
+        for union_ids, union_vals in self._sync(call, ids, blocks, flat.numel()):
             scatter_blocks(flat, union_ids, union_vals, self.block_size)
+        call.mark("scatter")
 
     def reduce_coo(self, call, indices, values, numel):
         bs = self.block_size
@@ -46,12 +49,14 @@ class OmniReduce(Scheme):
         ids, inverse = torch.unique(idx // bs, sorted=True, return_inverse=True)
         blocks = torch.zeros((ids.numel(), bs), dtype=values.dtype, device=values.device)
         blocks[inverse, idx % bs] = values
+        call.mark("scan")
         out = []
         idx_dtype = wire.index_dtype(numel)
         for union_ids, union_vals in self._sync(call, ids, blocks, numel):
             at, vals = ops.nonzero(union_vals.reshape(-1))
             at = at.long()
             out.append(((union_ids[at // bs] * bs + at % bs).to(idx_dtype), vals))
+        call.mark("scatter")
         return out
 
     # ------------------------------------------------------------------------------------------------
@@ -69,6 +74,7 @@ class OmniReduce(Scheme):
         call.stats.update(blocks=[sum(row) for row in counts],
                           imbalance=max(sum(row[w] for row in counts) for w in range(n)) * n
                           / max(1, sum(map(sum, counts))))
+        call.mark("agree")
         if sum(map(sum, counts)) == 0:
             call.stats.update(union_blocks=0, bytes_sent=0)
             return []
@@ -84,6 +90,7 @@ class OmniReduce(Scheme):
                        for q in range(n) for w in range(n) if q != w), default=0)
         comm.all_to_all(recv, send, recv_splits, send_splits, largest=largest)
         del send
+        call.mark("push")
 
         # sum my range, senders in rank order.
         my_range = block_range[bounds[me]:bounds[me + 1]]
@@ -96,6 +103,7 @@ class OmniReduce(Scheme):
         for q_ids, vals in received:
             summed.index_add_(0, torch.searchsorted(union, q_ids), vals)
         del received, recv
+        call.mark("sum")
 
         # pull: every owner's summed blocks to all.
         payload = wire.pack_blocks(ops.bitmap_encode(union, my_range), summed)
@@ -103,6 +111,7 @@ class OmniReduce(Scheme):
         pull_splits = [wire.blocks_bytes(c, ranges[w], bs, sv) for w, c in enumerate(union_counts)]
         pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=device)
         comm.all_gather_bytes(pulled, payload, pull_splits)
+        call.mark("pull")
         call.stats.update(union_blocks=sum(union_counts),
                           bytes_sent=sum(send_splits) - send_splits[me] + (n - 1) * payload.numel())
         out = []
