@@ -356,11 +356,6 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
     return [[slowest[r * len(fns) + i] / _PS / runs for r in range(repeats)] for i, runs in enumerate(counts)]
 
 
-def _together_time(comm: Comm, fn, repeats: int, prepare=None) -> float:
-    """The median over the repeats of :func:`_together_times` for one ``fn`` (one run per repeat)."""
-    return statistics.median(_together_times(comm, [fn], repeats, prepare=prepare)[0])
-
-
 def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     """The local terms of :class:`zen.cost.Profile`, from zen's kernels on a ``numel``-element float tensor
     (16 MiB: past most caches once a few ranks share a host), every rank at once and taking turns in every
@@ -469,17 +464,19 @@ def _misses(comm: Comm, profile: Profile, repeats: int, numel: int, density: flo
     workload, _ = measure_now(comm, comm.all_gather_rows, indices, values, numel, True, want_profile=False)
     uncalibrated = dataclasses.replace(profile, calibration=(), calibration_large=())
     predicted = cost.predict_times(workload, uncalibrated, names)
-    misses = {}
     # Each call is handed to another thread and waited for, as ``zen.all_reduce`` hands its calls to the
     # lane: where ranks share cores, waking the two threads costs far more than the idle hand-off the
     # profile's call_overhead measures (2 ranks on 2 cores, 1 Gbit/s, 4M elements: 0.1-3 ms, 0.8 ms median).
+    # The schemes take turns within every repeat, as the benchmarks run them: a call's time depends on
+    # what ran before it, not only on the pause (2 ranks, 1 Gbit/s, 4M elements at 0.1%: sparcml 4.3 ms
+    # run alone, 5-8 ms among the other schemes).
     with ThreadPoolExecutor(max_workers=1, initializer=torch.set_num_threads,
                             initargs=(torch.get_num_threads(),)) as caller:
-        for name in names:
-            scheme = make_scheme(name)
-            measured = _together_time(comm, lambda y: caller.submit(reduce_now, comm, y, scheme).result(), repeats,
-                                      prepare=x.clone)
-            misses[name] = max(0.0, measured - predicted[name])
+        def call(scheme):
+            return lambda y: caller.submit(reduce_now, comm, y, scheme).result()
+
+        times = _together_times(comm, [call(make_scheme(name)) for name in names], repeats, prepare=x.clone)
+    return {name: max(0.0, statistics.median(t) - predicted[name]) for name, t in zip(names, times)}
     return misses
 
 
