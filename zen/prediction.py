@@ -17,7 +17,7 @@ of two) and one all-gather of counts:
 
 and combine them with the group's :class:`zen.cost.Profile`: set by :func:`set_profile`, or measured once
 per group by :func:`probe_profile` (a few seconds: small collectives for the fixed costs; all-reduces,
-all-to-alls and pairwise exchanges of 4 u bytes for the rates, u of 1-8 MiB, and
+all-to-alls and pairwise exchanges of u and 4 u bytes for the rates (the slope), u of 1-8 MiB, and
 all-to-alls of 96 and 384 KiB pieces (the small ones' transport); the local
 kernels; see :func:`probe_now`) and cached. All ranks use rank 0's profile, so they all
 compute the same predictions.
@@ -197,32 +197,30 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     Every rank measures; the result is the per-field median over the ranks (the same on every rank).
 
     Fixed costs: the median time of a tiny call of each primitive. Rates: bytes sent per rank per second,
-    4 u over the time of sending 4 u bytes less the primitive's fixed cost (what makes the model's
-    c + bytes / b exact at 4 u), u from ``message_bytes`` doubled (up to 8x) until one send of u takes
-    ``RATE_SECONDS`` on the slowest rank: a ring all-reduce (2 (n-1)/n bytes sent per byte reduced; at
-    most a ring step's rate), an all-to-all, a pairwise exchange. Not the slope between u and 4 u: a
-    difference of two noisy times, it scattered (4 ranks at 100 Mbit/s, all-reduces of 1 and 4 MB: 8.4-11.8
-    MB/s over 9 repeats), and probes 10-15% apart came of it. 4 u is timed as calls (:func:`_together_times`: a common start, then from the last
-    rank's start to the last one's end): timed back to back on each rank, ranks drift into each other's
-    calls and overrate all-to-alls (8 ranks at 100 Mbit/s, 96-384 KiB pieces: 12 MB/s back to back, 8.7
-    MB/s as calls).
+    from the slope between sending u and 4 u bytes (so TCP's ramp-up and the fixed cost cancel out), u
+    from ``message_bytes`` doubled (up to 8x) until one send of u takes ``RATE_SECONDS`` on the slowest
+    rank (so a few ms of jitter stay small beside the slope's difference): a ring all-reduce (2 (n-1)/n
+    bytes sent per byte reduced; at most a ring step's rate), an all-to-all, a pairwise exchange. The two
+    sizes are timed as calls (:func:`_together_times`: a common start, then from the last rank's start to
+    the last one's end): timed back to back on each rank, ranks drift into each other's calls and overrate
+    all-to-alls (8 ranks at 100 Mbit/s, 96-384 KiB pieces: 12 MB/s back to back, 8.7 MB/s as calls).
     Local: zen's kernels, every rank at once (:func:`_probe_kernels`). Then, on the agreed profile,
     :func:`calibrate`."""
     n, me, device = comm.world, comm.rank, comm.device
     mine, rates = {}, {}
     unit = message_bytes
 
-    def rate_of(run, unit, fixed, grow=True):
-        """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank; collective): 4 unit over the median time of
-        b = 4 unit less the primitive's ``fixed`` cost; with ``grow``, unit first doubles alike on every
-        rank (the slowest decides) until one run of unit takes RATE_SECONDS."""
+    def slope(run, unit, grow=True):
+        """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank; collective), from the slope between
+        b = unit and b = 4 unit: 3 unit over the median of the per-repeat differences; with ``grow``, unit
+        doubles alike on every rank (the slowest decides)."""
         t_one = _median_time(lambda: run(unit), repeats)
         while (grow and 2 * unit <= largest_unit
                and comm.all_gather_rows([round(t_one * _PS)]).max() < RATE_SECONDS * _PS):
             unit *= 2
             t_one = _median_time(lambda: run(unit), repeats)
-        fours = _together_times(comm, [lambda: run(4 * unit)], repeats)[0]
-        return 4 * unit / max(statistics.median(fours) - fixed, 1e-9), unit
+        ones, fours = _together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], repeats)
+        return 3 * unit / max(statistics.median(b - a for a, b in zip(ones, fours)), 1e-9), unit
 
     if n > 1:
         mine["allgather"] = _median_time(lambda: comm.all_gather_rows([0]), repeats)
@@ -232,14 +230,14 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         a2a_out = torch.empty_like(a2a_in)
         mine["alltoall"] = _median_time(lambda: comm.all_to_all(a2a_out, a2a_in, [8] * n, [8] * n, 8), repeats)
         # All-to-all pieces of at least DUPLEX_ALL_TO_ALL_BYTES: large all-to-alls' transport
-        # (``Comm.all_to_all``).
+        # (``Comm.all_to_all``) at both ends of the slope.
         a2a_unit = max(unit, DUPLEX_ALL_TO_ALL_BYTES * (n - 1))
         largest_unit = max(8 * unit, a2a_unit)
         big = torch.zeros((largest_unit * n // (n - 1) + 2) * 4, dtype=torch.uint8, device=device)  # 4 units n/(n-1)
         big_in = torch.empty_like(big)
         floats = big.view(torch.float32)
-        rates["allreduce"], unit = rate_of(lambda b: dist.all_reduce(floats[:b * n // (8 * (n - 1))], group=comm.group),
-                                           unit, mine["allreduce"])
+        rates["allreduce"], unit = slope(lambda b: dist.all_reduce(floats[:b * n // (8 * (n - 1))], group=comm.group),
+                                         unit)
         if n > 2:
             # Shaped links refill their token buckets between the ring's 2 (n-1) steps, so all-reduces too
             # small for them overrate it (8 ranks at 1 Gbit/s: 238 MB/s); a ring step alone (to the right,
@@ -247,18 +245,18 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
             # 1 Gbit/s: 108-123 and 83-119 MB/s over 4 probes), and the smaller of two noisy estimates of one
             # rate is biased low.
             right, left = (me + 1) % n, (me - 1) % n
-            ring_step, _ = rate_of(lambda b: comm.exchange([(right, big[:b])], [(left, big_in[:b])]), unit, 0.0)
+            ring_step, _ = slope(lambda b: comm.exchange([(right, big[:b])], [(left, big_in[:b])]), unit)
             if rates["allreduce"] > 1.5 * ring_step:
                 rates["allreduce"] = ring_step
         def all_to_all(b):  # b bytes to the n-1 peers; the piece size picks the transport
             piece = b // (n - 1)
             comm.all_to_all(big_in[:piece * n], big[:piece * n], [piece] * n, [piece] * n, piece)
 
-        rates["alltoall"], _ = rate_of(all_to_all, max(unit, a2a_unit), mine["alltoall"])
+        rates["alltoall"], _ = slope(all_to_all, max(unit, a2a_unit))
         if comm.reverse_group is not None and n > 2:
             # Smaller all-to-alls go as gloo's own (between two ranks, only the smallest: its rate is
-            # left unmeasured there): pieces of 384 KiB, under DUPLEX_ALL_TO_ALL_BYTES.
-            rates["alltoall_small"], _ = rate_of(all_to_all, (96 << 10) * (n - 1), mine["alltoall"], grow=False)
+            # left unmeasured there): pieces of 96 and 384 KiB, under DUPLEX_ALL_TO_ALL_BYTES at both ends.
+            rates["alltoall_small"], _ = slope(all_to_all, (96 << 10) * (n - 1), grow=False)
         peer = me ^ 1 if (me ^ 1) < n else None  # (the last rank of an odd group sits the pairs out)
         peers = [peer] if peer is not None else []
 
@@ -267,8 +265,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
 
         if peer is not None:
             mine["p2p"] = _median_time(lambda: exchange(8), repeats)
-        # at the all-reduce's unit (grown alike on every rank)
-        p2p_rate, _ = rate_of(exchange, unit, mine.get("p2p", 0.0), grow=False)
+        p2p_rate, _ = slope(exchange, unit, grow=False)  # at the all-reduce's unit (grown alike on every rank)
         if peer is not None:
             rates["p2p"] = p2p_rate
     kernels = _probe_kernels(comm, repeats)
