@@ -61,7 +61,7 @@ def build_parser():
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--min-seconds", type=float, default=0.5,
+    p.add_argument("--min-seconds", type=float, default=1.0,
                    help="time a short call more than --iters times, until its calls add up to this")
     p.add_argument("--max-iters", type=int, default=41, help="at most this many timed calls of a short call")
     p.add_argument("--seed", type=int, default=0)

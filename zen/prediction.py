@@ -212,15 +212,17 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
 
     def slope(run, unit, grow=True):
         """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank; collective), from the slope between
-        b = unit and b = 4 unit: 3 unit over the median of the per-repeat differences; with ``grow``, unit
-        doubles alike on every rank (the slowest decides)."""
+        b = unit and b = 4 unit: 3 unit over the difference of their median times; with ``grow``, unit
+        doubles alike on every rank (the slowest decides). Not the median of the per-repeat differences:
+        single slow runs (2 ranks at 100 Mbit/s, 4 MB exchanges: 337-343 ms, and one of 9 at 450) spoil
+        a difference when either of its runs is slow, twice as often as a median of one size."""
         t_one = _median_time(lambda: run(unit), repeats)
         while (grow and 2 * unit <= largest_unit
                and comm.all_gather_rows([round(t_one * _PS)]).max() < RATE_SECONDS * _PS):
             unit *= 2
             t_one = _median_time(lambda: run(unit), repeats)
         ones, fours = _together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], repeats)
-        return 3 * unit / max(statistics.median(b - a for a, b in zip(ones, fours)), 1e-9), unit
+        return 3 * unit / max(statistics.median(fours) - statistics.median(ones), 1e-9), unit
 
     if n > 1:
         mine["allgather"] = _median_time(lambda: comm.all_gather_rows([0]), repeats)
