@@ -439,7 +439,8 @@ def _median_rows(rows) -> list:
 def calibrate(comm: Comm, profile: Profile, repeats: int = 5) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Seconds each scheme's formula misses on a small and on a large call (collective, on the lane): ({scheme:
     miss} at ``CALIBRATION_NUMELS[0]`` elements, density 1%; {scheme: miss} at ``CALIBRATION_NUMELS[1]``,
-    density 0.01%). Every scheme all-reduces a random tensor of that size; the miss is the call's time (from
+    density 0.01%). Every scheme all-reduces a random tensor of that size, the schemes taking turns, each call
+    handed to another thread as ``zen.all_reduce`` hands it to the lane; the miss is the call's time (from
     the last rank's start to the last one's end, as the benchmarks time it; :func:`call_seconds`) minus the
     formula's time for that call's measured workload, at least 0. The small call holds what the formulas'
     per-primitive latencies leave out (Python, the backend's per-message work); the large one also the
@@ -470,8 +471,8 @@ def _misses(comm: Comm, profile: Profile, repeats: int, numel: int, density: flo
     # lane: where ranks share cores, waking the two threads costs far more than the idle hand-off the
     # profile's call_overhead measures (2 ranks on 2 cores, 1 Gbit/s, 4M elements: 0.1-3 ms, 0.8 ms median).
     # The schemes take turns within every repeat, as the benchmarks run them: a call's time depends on
-    # what ran before it, not only on the pause (2 ranks, 1 Gbit/s, 4M elements at 0.1%: sparcml 4.3 ms
-    # run alone, 5-8 ms among the other schemes).
+    # what ran before it, not only on the pause (2 ranks, 1 Gbit/s, 4M elements at 0.1%: sparcml 4.3-4.7 ms
+    # run alone, 4.8-8.0 ms among the other schemes, over 5 runs).
     with ThreadPoolExecutor(max_workers=1, initializer=torch.set_num_threads,
                             initargs=(torch.get_num_threads(),)) as caller:
         def call(scheme):
@@ -479,7 +480,6 @@ def _misses(comm: Comm, profile: Profile, repeats: int, numel: int, density: flo
 
         times = _together_times(comm, [call(make_scheme(name)) for name in names], repeats, prepare=x.clone)
     return {name: max(0.0, statistics.median(t) - predicted[name]) for name, t in zip(names, times)}
-    return misses
 
 
 def probe_profile(group=None, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
