@@ -176,6 +176,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
                 wrong[scheme] += int(bad.sum())
         if it == args.warmup - 1:
             counts = timed_calls(args, {s: spans[s][-1][1] - spans[s][-1][0] for s in schemes})
+            if progress is not None:
+                progress.total += max(counts.values()) - args.iters
         it += 1
         if progress is not None:
             progress.update(1)

@@ -314,8 +314,8 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
     """Seconds of each of ``fns`` run by every rank at once: ``times[i][r]`` for ``fns[i]`` in repeat r after a
     common start, the same on every rank. The fns take turns within every repeat, so the times of one
     repeat saw the same load on the host: a difference of two of them (a kernel's time less the part of
-    it that another one measures, a large message's time less a small one's) is taken per repeat, where a
-    slow spell of a shared host cancels, not between medians taken seconds apart.
+    it that another one measures) can be taken per repeat, where a slow spell of a shared host cancels,
+    and calls of several schemes see each other's traces, as in the benchmarks.
 
     Kernels (``least`` > 0): each repeat runs a fn back to back as often as makes the slowest rank take at
     least ``least`` seconds (the same count on every rank); the time is the slowest rank's own, per run (a
