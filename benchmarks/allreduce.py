@@ -106,7 +106,7 @@ def timed_calls(args, warm_up_seconds):
     A call of a few ms on ranks that share cores varies by 3x from call to call (the hand-offs between
     threads wait for a core), where a call of seconds varies by a few %: the median of 5 of the first
     is no estimate of its typical time."""
-    slowest = torch.tensor([warm_up_seconds[s] for s in warm_up_seconds], dtype=torch.float64)
+    slowest = torch.tensor(list(warm_up_seconds.values()), dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return {s: max(args.iters, min(args.max_iters, math.ceil(args.min_seconds / max(t, 1e-6))))
             for s, t in zip(warm_up_seconds, slowest.tolist())}

@@ -174,22 +174,15 @@ def _decode(row) -> Profile:
                    calibration_large=_times_pairs(cost.TIME_FORMULAS, row[c:]))
 
 
-def _turn_times(fns, repeats: int) -> List[List[float]]:
-    """Seconds of each of ``fns`` on this rank, ``times[i][r]`` for ``fns[i]`` in repeat r, after a warm-up
-    run of each; the fns take turns within every repeat (so a difference of two is taken within a repeat)."""
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, out in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return times
-
-
 def _median_time(fn, repeats: int) -> float:
-    return statistics.median(_turn_times([fn], repeats)[0])
+    """Median seconds of ``fn`` on this rank over ``repeats`` runs, after a warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
