@@ -17,7 +17,7 @@ from zen.prediction import call_seconds, clock_id, parse_rate, parse_time
 
 B = 1e9  # bytes/s
 NO_LOCAL = dict(memory_bandwidth=1e300, element_time=0.0, write_time=0.0, found_time=0.0, merge_time=0.0,
-                encode_time=0.0, decode_time=0.0)
+                merge2_time=0.0, encode_time=0.0, decode_time=0.0)
 WIRE_ONLY = Profile(bandwidth=B, latency=0.0, **NO_LOCAL)
 
 
@@ -112,7 +112,8 @@ def test_profile_travels_whole_between_ranks():
     from zen.prediction import _decode, _encode
 
     p = Profile(bandwidth=1.25e8, latency=5e-5, memory_bandwidth=3e9, element_time=9e-9, write_time=5e-9,
-                found_time=4e-9, merge_time=3e-8, encode_time=2e-8, decode_time=7e-9, call_overhead=8e-5,
+                found_time=4e-9, merge_time=3e-8, merge2_time=2e-8, encode_time=2e-8, decode_time=7e-9,
+                call_overhead=8e-5,
                 overheads=(("allgather", 6e-4), ("p2p", 3e-4)), rates=(("alltoall", 1.1e8),),
                 calibration=(("dense", 0.0), ("zen", 8e-4)), calibration_large=(("zen", 0.05),))
     assert _decode(_encode(p)) == p

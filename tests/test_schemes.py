@@ -318,6 +318,7 @@ def test_schemes(world):
     p = profiles[0]
     assert p.bandwidth > 0 and p.latency > 0 and p.memory_bandwidth > 0
     assert p.element_time > 0 and p.write_time > 0 and p.found_time > 0 and p.merge_time > 0
+    assert p.merge2_time > 0
     assert p.encode_time > 0 and p.decode_time > 0
     assert {k for k, _ in p.overheads} == {"allgather", "allreduce", "alltoall", "p2p"}
     assert {k for k, _ in p.rates} == {"allreduce", "alltoall", "alltoall_small", "p2p"}  # the odd rank out: no p2p

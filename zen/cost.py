@@ -12,7 +12,9 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
     alpha  latency of one message step, s
     mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
     e      time per pair of the hashing kernels (zen's partition, OmniReduce's block ids), s
-    m      time per pair merged by ``ops.aggregate`` (zen's aggregate, agsparse's sum, SparCML's merges), s
+    m      time per pair merged by ``ops.aggregate`` from n ascending runs (zen's aggregate, agsparse's sum), s
+    m_2    the same from two runs (SparCML's merges): a k-way merge's heap costs log k per pair, so on 8 ranks
+           sharing 2 cores m_2 is about half of m (85 against 170 ns per pair, 262144 pairs per rank), s
     f      time per block of SCAN_BLOCK elements holding a non-zero, in the scan of a dense tensor (the
            kernel tests 16 elements at once and stages a block's pairs only where one is set), s
     w      time per element scattered at ascending positions (the write-back of the union; the cache
@@ -30,13 +32,13 @@ c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p 
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + f per
-block of 16 holding one (:func:`scan_blocks`). Hashing costs e per pair, merging m per pair, scattering into
-the output w per element plus the cache lines of the output it writes, at mu (:func:`lines_bytes`),
-encoding or decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n)
-cleared or read at mu; a decode also reads the cache lines of I_j that hold its |U_j| indices (nearly all
-of I_j once the fill passes 1/16, so at 8% fill these reads cost 8x the per-index work); copies and dense
-adds cost their bytes / mu. The probe measures f, e, m, w, x_e, x_d and mu with
-every rank running the kernel at once (the way a call runs them), so ranks that share a host's cores or
+block of 16 holding one (:func:`scan_blocks`). Hashing costs e per pair, merging m per pair (m_2 from two
+runs), scattering into the output w per element plus the cache lines of the output it writes, at mu
+(:func:`lines_bytes`), encoding or decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8
+bytes (|I_j| ~ M/n) cleared or read at mu; a decode also reads the cache lines of I_j that hold its |U_j|
+indices (nearly all of I_j once the fill passes 1/16, so at 8% fill these reads cost 8x the per-index work);
+copies and dense adds cost their bytes / mu. The probe measures f, e, m, m_2, w, x_e, x_d and mu with every
+rank running the kernel at once (the way a call runs them), so ranks that share a host's cores or
 memory bandwidth show in them.
 
 Closed forms (equal k_r, balanced partitions, no latency, no local terms), which the functions below reduce
@@ -108,6 +110,7 @@ class Profile:
     write_time: float = 2e-9
     found_time: float = 30e-9
     merge_time: float = 20e-9
+    merge2_time: float = 15e-9
     encode_time: float = 20e-9
     decode_time: float = 8e-9
     call_overhead: float = 0.0
@@ -123,7 +126,8 @@ class Profile:
             raise ValueError(f"Profile: latency must be >= 0 s; got {self.latency!r}")
         if not self.memory_bandwidth > 0:
             raise ValueError(f"Profile: memory_bandwidth must be > 0 bytes/s; got {self.memory_bandwidth!r}")
-        for name in ("element_time", "write_time", "found_time", "merge_time", "encode_time", "decode_time"):
+        for name in ("element_time", "write_time", "found_time", "merge_time", "merge2_time", "encode_time",
+                     "decode_time"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"Profile: {name} must be >= 0 s; got {getattr(self, name)!r}")
         if not all(rate > 0 for _, rate in self.rates):
@@ -384,7 +388,8 @@ def zen_time(w: Workload, p: Profile) -> float:
 def sparcml_time(w: Workload, p: Profile) -> float:
     """SparCML: agreement (k_r); fold of the n - 2^L extra ranks; L = floor(log2 n) doubling steps, step s
     moving the largest running union of level s (COO, or dense past break-even) plus a step header where
-    the size is not known; merges (m per merged pair, or dense adds: 2 M s_v / mu); unfold of the union."""
+    the size is not known; merges of two runs (m_2 per merged pair, or dense adds: 2 M s_v / mu); unfold
+    of the union."""
     n, k = w.n, w.nnz
     pw = 1
     while 2 * pw <= n:
@@ -397,7 +402,7 @@ def sparcml_time(w: Workload, p: Profile) -> float:
         both = a + b
         if _sparcml_message(a, w) >= dense_bytes_ or _sparcml_message(b, w) >= dense_bytes_:
             return 2 * dense_bytes_ / p.memory_bandwidth
-        return both * p.merge_time + (dense_bytes_ / p.memory_bandwidth if _coo(both, w) > dense_bytes_ else 0.0)
+        return both * p.merge2_time + (dense_bytes_ / p.memory_bandwidth if _coo(both, w) > dense_bytes_ else 0.0)
 
     rate = p.rate("p2p")
     if folded:

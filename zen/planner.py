@@ -194,6 +194,7 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-bandwidth", default=None,
                         help=f"local streaming kernels (default {defaults.memory_bandwidth / 1e9:g}GB/s)")
     for name, what in (("element_time", "per pair hashed"), ("merge_time", "per pair merged by the aggregation"),
+                       ("merge2_time", "per pair merged from two runs (SparCML)"),
                        ("write_time", "per element written at ascending positions (its cache lines apart)"),
                        ("found_time", "per block of 16 elements holding a non-zero, in the scan of a dense tensor"),
                        ("encode_time", "per index encoded into a hash bitmap"),

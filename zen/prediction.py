@@ -92,7 +92,8 @@ def _key(group):
     return group if group is not None else dist.group.WORLD
 
 
-LOCAL_TIMES = ("element_time", "write_time", "found_time", "merge_time", "encode_time", "decode_time")
+LOCAL_TIMES = ("element_time", "write_time", "found_time", "merge_time", "merge2_time", "encode_time",
+               "decode_time")
 
 
 def make_profile(bandwidth, latency, memory_bandwidth=None, **local_times) -> Profile:
@@ -131,8 +132,8 @@ def clear_profile(group=None) -> None:
 
 
 RATES = ("allreduce", "alltoall", "alltoall_small", "p2p")
-_FIELDS = 10  # bandwidth, latency, memory_bandwidth, element_time, write_time, call_overhead, merge_time,
-#              encode_time, decode_time, found_time
+_FIELDS = 11  # bandwidth, latency, memory_bandwidth, element_time, write_time, call_overhead, merge_time,
+#              encode_time, decode_time, found_time, merge2_time
 
 
 def _times_columns(pairs, names) -> list:
@@ -154,7 +155,8 @@ def _encode(p: Optional[Profile]) -> list:
     rates = dict(p.rates)
     return ([int(p.bandwidth), round(p.latency * _PS), int(p.memory_bandwidth), round(p.element_time * _PS),
              round(p.write_time * _PS), round(p.call_overhead * _PS), round(p.merge_time * _PS),
-             round(p.encode_time * _PS), round(p.decode_time * _PS), round(p.found_time * _PS)]
+             round(p.encode_time * _PS), round(p.decode_time * _PS), round(p.found_time * _PS),
+             round(p.merge2_time * _PS)]
             + _times_columns(p.overheads, PRIMITIVES)
             + [int(rates[k]) if k in rates else -1 for k in RATES]
             + _times_columns(p.calibration, schemes) + _times_columns(p.calibration_large, schemes))
@@ -167,7 +169,7 @@ def _decode(row) -> Profile:
     return Profile(bandwidth=float(row[0]), latency=row[1] / _PS, memory_bandwidth=float(row[2]),
                    element_time=row[3] / _PS, write_time=row[4] / _PS, call_overhead=row[5] / _PS,
                    merge_time=row[6] / _PS, encode_time=row[7] / _PS, decode_time=row[8] / _PS,
-                   found_time=row[9] / _PS,
+                   found_time=row[9] / _PS, merge2_time=row[10] / _PS,
                    overheads=_times_pairs(PRIMITIVES, row[_FIELDS:a]),
                    rates=tuple((k, float(v)) for k, v in zip(RATES, row[a:b]) if v > 0),
                    calibration=_times_pairs(cost.TIME_FORMULAS, row[b:c]),
@@ -357,8 +359,8 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     repeat (:func:`_together_times`), so that f, w and x_d, each a kernel's time less a part that mu
     measures, are differences within a repeat (their medians over the repeats are returned):
     the non-zero scan of zeros (mu) and of numel / 8 random non-zeros (f: per scan block holding one, less
-    the scan of the zeros), the hash partition (e) and the aggregate of n ascending runs of one partition (m)
-    of numel / 16 pairs, the write-back of numel / 8 ascending indices in n pieces split by the hash
+    the scan of the zeros), the hash partition (e), the aggregate of n ascending runs of one partition (m)
+    of numel / 16 pairs and that of two runs of numel / 32 pairs each (m_2, as SparCML merges), the write-back of numel / 8 ascending indices in n pieces split by the hash
     (``ops.scatter_pieces_``, as a call writes its union; w: per element, less the lines of the output
     written at mu, which the model counts apart), the hash bitmap's encode (x_e) of a quarter of the index
     set I_0 (per index encoded), and its decode as zen's pull ends: those numel / 8 indices split by the
@@ -379,6 +381,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     ascending = torch.sort(idx).values
     mine = ops.hash_partition(idx, n, comm.seed) == 0
     runs = torch.cat([torch.sort(part).values for part in idx[mine].chunk(n)])
+    two_runs = torch.cat([torch.sort(half).values for half in idx.chunk(2)])
     sets, offsets = ops.bitmap_index_sets(numel, n, comm.seed, device)
     index_set = sets[offsets[0]:offsets[1]]
     subset = index_set[torch.randperm(index_set.numel(), generator=generator)[:index_set.numel() // 4].sort().values]
@@ -397,6 +400,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
         found=lambda: ops.nonzero(sparse),
         partition=lambda: ops.partition(ascending, val[:count], n, comm.seed, probes),
         aggregate=lambda: ops.aggregate(runs, val[:runs.numel()], numel, n, comm.seed, 0),
+        merged=lambda: ops.aggregate(two_runs, val[:count], numel),
         written=lambda: ops.scatter_pieces_(zeros, scattered),
         encoded=lambda: ops.bitmap_encode(subset, index_set),
         decoded=lambda: [ops.bitmap_decode(*coded) for coded in bitmaps])
@@ -414,6 +418,7 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
                 found_time=less("found", numel * zeros.element_size(), cost.scan_blocks(found_count, numel)),
                 element_time=statistics.median(times["partition"]) / count,
                 merge_time=statistics.median(times["aggregate"]) / runs.numel(),
+                merge2_time=statistics.median(times["merged"]) / count,
                 write_time=less("written", cost.lines_bytes(written.numel(), numel, zeros.element_size()),
                                 written.numel()),
                 encode_time=statistics.median(times["encoded"]) / subset.numel(),
