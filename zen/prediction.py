@@ -205,18 +205,18 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     mine, rates = {}, {}
     unit = message_bytes
 
-    def slope(run, unit, grow=True):
+    def slope(run, unit, grow=True, runs=repeats):
         """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank; collective), from the slope between
-        b = unit and b = 4 unit: 3 unit over the difference of their median times; with ``grow``, unit
-        doubles alike on every rank (the slowest decides). Not the median of the per-repeat differences:
-        single slow runs (2 ranks at 100 Mbit/s, 4 MB exchanges: 337-343 ms, and one of 9 at 450) spoil
-        a difference when either of its runs is slow, twice as often as a median of one size."""
+        b = unit and b = 4 unit: 3 unit over the difference of their median times over ``runs`` runs; with
+        ``grow``, unit doubles alike on every rank (the slowest decides). Not the median of the per-repeat
+        differences: single slow runs (2 ranks at 100 Mbit/s, 4 MB exchanges: 337-343 ms, and one of 9 at
+        450) spoil a difference when either of its runs is slow, twice as often as a median of one size."""
         t_one = _median_time(lambda: run(unit), repeats)
         while (grow and 2 * unit <= largest_unit
                and comm.all_gather_rows([round(t_one * _PS)]).max() < RATE_SECONDS * _PS):
             unit *= 2
             t_one = _median_time(lambda: run(unit), repeats)
-        ones, fours = _together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], repeats)
+        ones, fours = _together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], runs)
         return 3 * unit / max(statistics.median(fours) - statistics.median(ones), 1e-9), unit
 
     if n > 1:
@@ -262,7 +262,9 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
 
         if peer is not None:
             mine["p2p"] = _median_time(lambda: exchange(8), repeats)
-        p2p_rate, _ = slope(exchange, unit, grow=False)  # at the all-reduce's unit (grown alike on every rank)
+        # At the all-reduce's unit (grown alike on every rank), and twice as many runs: a pairwise exchange
+        # varies most from run to run (4 ranks at 100 Mbit/s, 1 MiB: 92-170 ms; slopes of 5 runs: 8.1-11.7 MB/s).
+        p2p_rate, _ = slope(exchange, unit, grow=False, runs=2 * repeats + 1)
         if peer is not None:
             rates["p2p"] = p2p_rate
     kernels = _probe_kernels(comm, repeats)
