@@ -177,6 +177,10 @@ def _run_predict_and_auto(rank, world):
         assert times["auto"] == min(v for k, v in times.items() if k != "auto")
         memory = zen.predict_memory(t)
         assert set(memory) == set(FIXED) and all(v >= 0 for v in memory.values()), name
+        for scheme, formula in cost.PHASE_FORMULAS.items():  # every phase a call records has a formula
+            recorded = {}
+            zen.all_reduce(t.clone(), scheme=scheme, stats=recorded)
+            assert set(recorded.get("phases", {})) <= set(formula(w, profile)), (name, scheme, recorded)
 
         stats = {}
         zen.all_reduce(t, scheme=Auto(), stats=stats)  # a fresh history: this call measures

@@ -385,39 +385,50 @@ def zen_time(w: Workload, p: Profile) -> float:
     return p.call_overhead + sum(zen_phases(w, p).values())
 
 
-def sparcml_time(w: Workload, p: Profile) -> float:
-    """SparCML: agreement (k_r); fold of the n - 2^L extra ranks; L = floor(log2 n) doubling steps, step s
-    moving the largest running union of level s (COO, or dense past break-even) plus a step header where
-    the size is not known; merges of two runs (m_2 per merged pair, or dense adds: 2 M s_v / mu); unfold
-    of the union."""
+def sparcml_phases(w: Workload, p: Profile) -> Dict[str, float]:
+    """SparCML, phase by phase (the phases a call records): scan; agreement (k_r); exchange: the fold of
+    the n - 2^L extra ranks, L = floor(log2 n) doubling steps, step s packing and moving the largest
+    running union of level s (COO, or dense past break-even; its bytes / mu + its bytes / b_p2p) plus a
+    step header where the size is not known, and the unfold of the union; merge: the two sums' pairs
+    concatenated (their bytes / mu) and merged at m_2 per pair (two ascending runs), or dense adds
+    (2 M s_v / mu); scatter: the write-back of the union (a copy, M s_v / mu, once it is dense)."""
     n, k = w.n, w.nnz
     pw = 1
     while 2 * pw <= n:
         pw *= 2
     steps, folded = pw.bit_length() - 1, n - pw
     dense_bytes_ = w.numel * w.value_size
-    t = p.call_overhead + _scan(w, p) + _agree(1, w, p)
+    phases = dict(scan=_scan(w, p), agree=_agree(1, w, p), exchange=0.0, merge=0.0)
 
     def merge(a, b):
         both = a + b
         if _sparcml_message(a, w) >= dense_bytes_ or _sparcml_message(b, w) >= dense_bytes_:
             return 2 * dense_bytes_ / p.memory_bandwidth
-        return both * p.merge2_time + (dense_bytes_ / p.memory_bandwidth if _coo(both, w) > dense_bytes_ else 0.0)
+        return (_coo(both, w) / p.memory_bandwidth + both * p.merge2_time
+                + (dense_bytes_ / p.memory_bandwidth if _coo(both, w) > dense_bytes_ else 0.0))
 
-    rate = p.rate("p2p")
+    def send(message_bytes):  # packed, then sent
+        return message_bytes / p.memory_bandwidth + message_bytes / p.rate("p2p")
+
     if folded:
-        t += p.fixed("p2p", n) + max(_sparcml_message(k[pw + i], w) for i in range(folded)) / rate
-        t += max(merge(k[i], k[pw + i]) for i in range(folded))
+        phases["exchange"] += p.fixed("p2p", n) + max(send(_sparcml_message(k[pw + i], w)) for i in range(folded))
+        phases["merge"] += max(merge(k[i], k[pw + i]) for i in range(folded))
     for s in range(steps):
         level = w.doubling_unions[s]
         headers = 1 if (s > 0 or folded) else 0
-        t += (1 + headers) * p.fixed("p2p", n) + max(_sparcml_message(u, w) for u in level) / rate
-        t += max(merge(level[g], level[g ^ 1]) for g in range(len(level)))
+        phases["exchange"] += (1 + headers) * p.fixed("p2p", n) + max(send(_sparcml_message(u, w)) for u in level)
+        phases["merge"] += max(merge(level[g], level[g ^ 1]) for g in range(len(level)))
     if folded:
-        t += 2 * p.fixed("p2p", n) + _sparcml_message(w.union, w) / rate
-    if _sparcml_message(w.union, w) >= dense_bytes_:
-        return t + dense_bytes_ / p.memory_bandwidth  # copy out (dense input) or find the non-zeros (COO)
-    return t + _write_back(w.union, w, p)
+        phases["exchange"] += 2 * p.fixed("p2p", n) + send(_sparcml_message(w.union, w))
+    dense_out = _sparcml_message(w.union, w) >= dense_bytes_
+    # copy out (dense input) or find the non-zeros (COO) of a dense union; else write the union back
+    phases["scatter"] = dense_bytes_ / p.memory_bandwidth if dense_out else _write_back(w.union, w, p)
+    return phases
+
+
+def sparcml_time(w: Workload, p: Profile) -> float:
+    """SparCML: the call's fixed cost and the sum of :func:`sparcml_phases`."""
+    return p.call_overhead + sum(sparcml_phases(w, p).values())
 
 
 def omnireduce_phases(w: Workload, p: Profile) -> Dict[str, float]:
@@ -456,6 +467,7 @@ def omnireduce_time(w: Workload, p: Profile) -> float:
 # The schemes whose calls record their phases (``stats["phases"]``), with each phase's formula.
 PHASE_FORMULAS: Dict[str, Callable[[Workload, Profile], Dict[str, float]]] = {
     "agsparse": agsparse_phases,
+    "sparcml": sparcml_phases,
     "omnireduce": omnireduce_phases,
     "zen": zen_phases,
 }

@@ -68,11 +68,13 @@ class SparCML(Scheme):
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
         indices, values = ops.nonzero(flat)
+        call.mark("scan")
         result = self._sync(call, indices, values, flat.numel())
         if result.dense is not None:
             flat.copy_(result.dense)
         else:
             ops.scatter_(flat, result.indices, result.values)
+        call.mark("scatter")
 
     def reduce_coo(self, call, indices, values, numel):
         result = self._sync(call, indices, values, numel)
@@ -95,7 +97,9 @@ class SparCML(Scheme):
         indices = indices.to(idx_dtype)
         if indices.numel() and not bool((indices[1:] > indices[:-1]).all()):
             indices, values = ops.aggregate(indices, values, numel)  # ascending, as the merges keep it
+            call.mark("merge")
         nnz = call.agree([indices.numel()])[:, 0].tolist()
+        call.mark("agree")
         call.stats.update(nnz=nnz)
 
         def as_sum(idx, val):
@@ -148,7 +152,9 @@ class SparCML(Scheme):
             comm.exchange([(peer, payload)] if payload is not None else [], [(peer, buf)] if receive else [])
             if payload is not None:
                 sent[0] += payload.numel()
-            return unpack(buf, *known) if receive else None
+            theirs = unpack(buf, *known) if receive else None
+            call.mark("exchange")
+            return theirs
 
         running = as_sum(indices, values)
         p, steps = doubling_plan(n)
@@ -160,6 +166,7 @@ class SparCML(Scheme):
             if folded:
                 extra = step(me + p, None, send_header=False, known=(nnz[me + p], initial_format(me + p)))
                 running = merge(running, extra)
+                call.mark("merge")
             for s in range(steps):
                 peer = me ^ (1 << s)
                 peer_known = None
@@ -167,6 +174,7 @@ class SparCML(Scheme):
                     peer_known = (nnz[peer], initial_format(peer))
                 theirs = step(peer, running, send_header=(s > 0 or folded), known=peer_known)
                 running = merge(running, theirs) if me < peer else merge(theirs, running)
+                call.mark("merge")
             if folded:
                 step(me + p, running, send_header=True, known=False)
         call.stats.update(dense=running.dense is not None, bytes_sent=sent[0])
