@@ -179,19 +179,20 @@ def accuracy_tables(rows):
     return "\n".join(lines)
 
 
-def phase_table(rows):
-    """zen's phases, measured (mean over ranks) against predicted, summed over the cells of each world size."""
-    zen = [r for r in rows if r["scheme"] == "zen" and r.get("phases_ms") and r.get("phases_predicted_ms")]
-    if not zen:
+def phase_table(rows, scheme):
+    """A scheme's phases, measured (mean over ranks) against predicted, summed over the cells of each world
+    size."""
+    mine = [r for r in rows if r["scheme"] == scheme and r.get("phases_ms") and r.get("phases_predicted_ms")]
+    if not mine:
         return ""
-    worlds = sorted({r["world"] for r in zen})
-    lines = ["", "zen's phases: measured / predicted ms, summed over the cells of each world size:",
+    worlds = sorted({r["world"] for r in mine})
+    lines = ["", f"{scheme}'s phases: measured / predicted ms, summed over the cells of each world size:",
              f"{'phase':>10} " + " ".join(f"{f'{w} ranks':>17}" for w in worlds)]
-    for phase in zen[0]["phases_ms"]:
+    for phase in mine[0]["phases_predicted_ms"]:
         cells = []
         for w in worlds:
-            measured = sum(r["phases_ms"].get(phase, 0.0) for r in zen if r["world"] == w)
-            predicted = sum(r["phases_predicted_ms"].get(phase, 0.0) for r in zen if r["world"] == w)
+            measured = sum(r["phases_ms"].get(phase, 0.0) for r in mine if r["world"] == w)
+            predicted = sum(r["phases_predicted_ms"].get(phase, 0.0) for r in mine if r["world"] == w)
             cells.append(f"{measured:>8.1f} / {predicted:>6.1f}")
         lines.append(f"{phase:>10} " + " ".join(cells))
     return "\n".join(lines)
@@ -280,7 +281,8 @@ def main(argv=None):
                     json.dump(rows, f, indent=1)
     merged = merge_rounds(rows)
     text = scaling_table(merged) if args.scaling else ""
-    text += accuracy_tables(merged) + "\n" + phase_table(merged) + "\n" + noise_table(merged)
+    text += (accuracy_tables(merged) + "\n" + phase_table(merged, "zen") + "\n" + phase_table(merged, "sparcml")
+             + "\n" + noise_table(merged))
     print(text)
     with open(args.out + ".txt", "w") as f:
         f.write(f"$ python benchmarks/sweep.py {' '.join(argv if argv is not None else sys.argv[1:])}\n\n{text}\n")
