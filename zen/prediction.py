@@ -362,9 +362,10 @@ def _probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     measures, are differences within a repeat (their medians over the repeats are returned):
     the non-zero scan of zeros (mu) and of numel / 8 random non-zeros (f: per scan block holding one, less
     the scan of the zeros), the hash partition (e), the aggregate of n ascending runs of one partition (m)
-    of numel / 16 pairs and that of two runs of numel / 32 pairs each (m_2, as SparCML merges), the write-back of numel / 8 ascending indices in n pieces split by the hash
-    (``ops.scatter_pieces_``, as a call writes its union; w: per element, less the lines of the output
-    written at mu, which the model counts apart), the hash bitmap's encode (x_e) of a quarter of the index
+    of numel / 16 pairs and that of two runs of numel / 32 pairs each (m_2, as SparCML merges), the
+    write-back of numel / 8 ascending indices in n pieces split by the hash (``ops.scatter_pieces_``, as a
+    call writes its union; w: per element, less the lines of the output written at mu, which the model
+    counts apart), the hash bitmap's encode (x_e) of a quarter of the index
     set I_0 (per index encoded), and its decode as zen's pull ends: those numel / 8 indices split by the
     hash into n pieces, each decoded from its bitmap over its own I_j (x_d: per index decoded, less the
     lines of the n index sets read at mu, which the model counts apart; one I_j decoded alone stays in the
