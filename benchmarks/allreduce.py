@@ -238,7 +238,8 @@ def format_table(rows):
                                 for k, v in p["calibration"])
         lines.append(f"profile (probed): MB/s per rank {rates}; latency {p['latency'] * 1e6:.0f} us; memory "
                      f"{p['memory_bandwidth'] / 1e9:.2f} GB/s; ns per hashed pair {p['element_time'] * 1e9:.1f}, "
-                     f"merged pair {p.get('merge_time', 0) * 1e9:.1f} (of two runs {p.get('merge2_time', 0) * 1e9:.1f}), "
+                     f"merged pair {p.get('merge_time', 0) * 1e9:.1f} "
+                     f"(of two runs {p.get('merge2_time', 0) * 1e9:.1f}), "
                      f"written element {p['write_time'] * 1e9:.1f}, "
                      f"scan block with a non-zero {p.get('found_time', 0) * 1e9:.1f}, "
                      f"bitmap index encoded {p.get('encode_time', 0) * 1e9:.2f}, "

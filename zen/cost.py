@@ -61,6 +61,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 from .comm import duplex_all_to_all
 
 HEADER_INTS = 6  # zen's agreement header (comm.HEADER_FIELDS), sent by every scheme's first collective
+# The Profile's local kernel times (s), each >= 0; settable by name in zen.prediction.make_profile.
+LOCAL_TIMES = ("element_time", "write_time", "found_time", "merge_time", "merge2_time", "encode_time",
+               "decode_time")
 # Sizes (elements) of the small and the large calibration call (zen.prediction.calibrate).
 CALIBRATION_NUMELS = (1 << 16, 1 << 22)
 
@@ -126,8 +129,7 @@ class Profile:
             raise ValueError(f"Profile: latency must be >= 0 s; got {self.latency!r}")
         if not self.memory_bandwidth > 0:
             raise ValueError(f"Profile: memory_bandwidth must be > 0 bytes/s; got {self.memory_bandwidth!r}")
-        for name in ("element_time", "write_time", "found_time", "merge_time", "merge2_time", "encode_time",
-                     "decode_time"):
+        for name in LOCAL_TIMES:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"Profile: {name} must be >= 0 s; got {getattr(self, name)!r}")
         if not all(rate > 0 for _, rate in self.rates):

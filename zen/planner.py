@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from . import cost, ops, wire
-from .cost import Profile, Workload
-from .prediction import LOCAL_TIMES, flat_coo, make_profile
+from .cost import LOCAL_TIMES, Profile, Workload
+from .prediction import flat_coo, make_profile
 from .schemes.omnireduce import block_bounds
 
 _CHUNK = 1 << 22

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from . import cost, ops, wire
 from .comm import DUPLEX_ALL_TO_ALL_BYTES, Comm, get_comm
-from .cost import Profile, Workload
+from .cost import LOCAL_TIMES, Profile, Workload
 from .schemes.balanced import default_probes
 from .schemes.omnireduce import block_bounds
 from .schemes.sparcml import doubling_plan
@@ -92,13 +92,9 @@ def _key(group):
     return group if group is not None else dist.group.WORLD
 
 
-LOCAL_TIMES = ("element_time", "write_time", "found_time", "merge_time", "merge2_time", "encode_time",
-               "decode_time")
-
-
 def make_profile(bandwidth, latency, memory_bandwidth=None, **local_times) -> Profile:
     """A :class:`Profile` from numbers or strings ('1gbit', '50us', '10GB/s'); what is not given keeps the
-    Profile's default. ``local_times``: any of :data:`LOCAL_TIMES`."""
+    Profile's default. ``local_times``: any of :data:`zen.cost.LOCAL_TIMES`."""
     unknown = set(local_times) - set(LOCAL_TIMES)
     if unknown:
         raise TypeError(f"make_profile: unknown field(s) {', '.join(sorted(unknown))}")
