@@ -191,8 +191,8 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     from the slope between sending u and 4 u bytes (so TCP's ramp-up and the fixed cost cancel out), u
     from ``message_bytes`` doubled (up to 8x) until one send of u takes ``RATE_SECONDS`` on the slowest
     rank (so a few ms of jitter stay small beside the slope's difference): a ring all-reduce (2 (n-1)/n
-    bytes sent per byte reduced; at most a ring step's rate), an all-to-all, a pairwise exchange. The two
-    sizes are timed as calls (:func:`_together_times`: a common start, then from the last rank's start to
+    bytes sent per byte reduced; at most a ring step's rate), an all-to-all; a pairwise exchange's rate
+    from 4 u alone, 4 u over its median time less its fixed cost (see below). The sizes are timed as calls (:func:`_together_times`: a common start, then from the last rank's start to
     the last one's end): timed back to back on each rank, ranks drift into each other's calls and overrate
     all-to-alls (8 ranks at 100 Mbit/s, 96-384 KiB pieces: 12 MB/s back to back, 8.7 MB/s as calls).
     Local: zen's kernels, every rank at once (:func:`_probe_kernels`). Then, on the agreed profile,
@@ -201,9 +201,9 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     mine, rates = {}, {}
     unit = message_bytes
 
-    def slope(run, unit, grow=True, runs=repeats):
+    def slope(run, unit, grow=True):
         """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank; collective), from the slope between
-        b = unit and b = 4 unit: 3 unit over the difference of their median times over ``runs`` runs; with
+        b = unit and b = 4 unit: 3 unit over the difference of their median times over ``repeats`` runs; with
         ``grow``, unit doubles alike on every rank (the slowest decides). Not the median of the per-repeat
         differences: single slow runs (2 ranks at 100 Mbit/s, 4 MB exchanges: 337-343 ms, and one of 9 at
         450) spoil a difference when either of its runs is slow, twice as often as a median of one size."""
@@ -212,7 +212,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
                and comm.all_gather_rows([round(t_one * _PS)]).max() < RATE_SECONDS * _PS):
             unit *= 2
             t_one = _median_time(lambda: run(unit), repeats)
-        ones, fours = _together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], runs)
+        ones, fours = _together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], repeats)
         return 3 * unit / max(statistics.median(fours) - statistics.median(ones), 1e-9), unit
 
     if n > 1:
@@ -258,9 +258,13 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
 
         if peer is not None:
             mine["p2p"] = _median_time(lambda: exchange(8), repeats)
-        # At the all-reduce's unit (grown alike on every rank), and twice as many runs: a pairwise exchange
-        # varies most from run to run (4 ranks at 100 Mbit/s, 1 MiB: 92-170 ms; slopes of 5 runs: 8.1-11.7 MB/s).
-        p2p_rate, _ = slope(exchange, unit, grow=False, runs=2 * repeats + 1)
+        # Not a slope: a pairwise exchange varies most from run to run, and a difference of two such
+        # medians overrates it. 4 ranks at 100 Mbit/s, 12 probes of both: slopes 9.7-13.0 MB/s with TCP
+        # bbr (1 MiB: 88-149 ms) and 11.4-12.1 with reno, against 9.7-11.3 and 11.4-11.7 from 4 MiB alone;
+        # the link carries at most 11.8 MB/s of TCP payload. At 1 Gbit/s the two agree (bbr: 115-121 and
+        # 114-117 MB/s). At 4 u (u: the all-reduce's, grown alike on every rank), with twice as many runs.
+        fours, = _together_times(comm, [lambda: exchange(4 * unit)], 2 * repeats + 1)
+        p2p_rate = 4 * unit / max(statistics.median(fours) - mine.get("p2p", 0.0), 1e-9)
         if peer is not None:
             rates["p2p"] = p2p_rate
     kernels = _probe_kernels(comm, repeats)
