@@ -261,7 +261,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         # Not a slope: a pairwise exchange varies most from run to run, and a difference of two such
         # medians overrates it. 4 ranks at 100 Mbit/s, 12 probes of both: slopes 9.7-13.0 MB/s with TCP
         # bbr (1 MiB: 88-149 ms) and 11.4-12.1 with reno, against 9.7-11.3 and 11.4-11.7 from 4 MiB alone;
-        # the link carries at most 11.8 MB/s of TCP payload. At 1 Gbit/s the two agree (bbr: 115-121 and
+        # the link carries at most 11.9 MB/s of TCP payload. At 1 Gbit/s the two agree (bbr: 115-121 and
         # 114-117 MB/s). At 4 u (u: the all-reduce's, grown alike on every rank), with twice as many runs.
         fours, = _together_times(comm, [lambda: exchange(4 * unit)], 2 * repeats + 1)
         p2p_rate = 4 * unit / max(statistics.median(fours) - mine.get("p2p", 0.0), 1e-9)
