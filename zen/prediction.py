@@ -16,10 +16,10 @@ of two) and one all-gather of counts:
 * bytes per index and per value from the dtypes;
 
 and combine them with the group's :class:`zen.cost.Profile`: set by :func:`set_profile`, or measured once
-per group by :func:`probe_profile` (a few seconds: small collectives for the fixed costs; all-reduces,
-all-to-alls and pairwise exchanges of u and 4 u bytes for the rates (the slope), u of 1-8 MiB, and
-all-to-alls of 96 and 384 KiB pieces (the small ones' transport); the local
-kernels; see :func:`probe_now`) and cached. All ranks use rank 0's profile, so they all
+per group by :func:`probe_profile` (a few seconds: small collectives for the fixed costs; all-reduces
+and all-to-alls of u and 4 u bytes for the rates (the slope), u of 1-8 MiB, all-to-alls of 96 and 384 KiB
+pieces (the small ones' transport) and pairwise exchanges of 4 u; the local kernels; the calibration
+calls; see :func:`probe_now`) and cached. All ranks use rank 0's profile, so they all
 compute the same predictions.
 :func:`measure` returns the measured :class:`zen.cost.Workload` itself, for offline use with
 :func:`zen.cost.predict_times` under other profiles.
@@ -192,9 +192,10 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     from ``message_bytes`` doubled (up to 8x) until one send of u takes ``RATE_SECONDS`` on the slowest
     rank (so a few ms of jitter stay small beside the slope's difference): a ring all-reduce (2 (n-1)/n
     bytes sent per byte reduced; at most a ring step's rate), an all-to-all; a pairwise exchange's rate
-    from 4 u alone, 4 u over its median time less its fixed cost (see below). The sizes are timed as calls (:func:`_together_times`: a common start, then from the last rank's start to
-    the last one's end): timed back to back on each rank, ranks drift into each other's calls and overrate
-    all-to-alls (8 ranks at 100 Mbit/s, 96-384 KiB pieces: 12 MB/s back to back, 8.7 MB/s as calls).
+    from 4 u alone, 4 u over its median time less its fixed cost (see below). The sizes are timed as calls
+    (:func:`_together_times`: a common start, then from the last rank's start to the last one's end):
+    timed back to back on each rank, ranks drift into each other's calls and overrate all-to-alls (8 ranks
+    at 100 Mbit/s, 96-384 KiB pieces: 12 MB/s back to back, 8.7 MB/s as calls).
     Local: zen's kernels, every rank at once (:func:`_probe_kernels`). Then, on the agreed profile,
     :func:`calibrate`."""
     n, me, device = comm.world, comm.rank, comm.device
