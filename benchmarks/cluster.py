@@ -58,13 +58,13 @@ import time
 
 BRIDGE_NS = "zenbr"
 BRIDGE = "zbr0"
-SUBNET_PREFIX = "10.99.0."
+SUBNET_PREFIX = "10.99.0."  # rank K has 10.99.0.(K+1)/24
 # TCP congestion control inside the ranks' namespaces: loss-based, as Linux's default (cubic, which this
 # sandbox does not let a namespace pick) is. bbr, this host's default, paces and probes on the shaped links:
 # 4 ranks at 100 Mbit/s, pairwise exchanges of 1 MiB took 88-149 ms with bbr and 89-104 with reno (4 MiB:
 # 9.7-11.3 MB/s against 11.4-11.7; the TCP payload's limit is 11.9), and a 16 MB dense all-reduce
 # 2031-2245 ms against 2028-2035.
-CONGESTION_CONTROL = "reno"  # rank K has 10.99.0.(K+1)/24
+CONGESTION_CONTROL = "reno"
 LOCK_PATH = "/run/zen-cluster.lock"
 ETC_NETNS = "/etc/netns"  # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
 MAX_RANKS = 253  # .1 .. .253 keeps .0 and .255 (network, broadcast) free, plus slack

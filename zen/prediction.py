@@ -260,8 +260,8 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         if peer is not None:
             mine["p2p"] = _median_time(lambda: exchange(8), repeats)
         # Not a slope: a pairwise exchange varies most from run to run, and a difference of two such
-        # medians overrates it. 4 ranks at 100 Mbit/s, 12 probes of both: slopes 9.7-13.0 MB/s with TCP
-        # bbr (1 MiB: 88-149 ms) and 11.4-12.1 with reno, against 9.7-11.3 and 11.4-11.7 from 4 MiB alone;
+        # medians overrates it. 4 ranks at 100 Mbit/s (12 tries with TCP bbr, 4 with reno): slopes 9.7-13.0
+        # MB/s with bbr (1 MiB: 88-149 ms) and 11.4-12.1 with reno, against 9.7-11.3 and 11.4-11.7 from 4 MiB;
         # the link carries at most 11.9 MB/s of TCP payload. At 1 Gbit/s the two agree (bbr: 115-121 and
         # 114-117 MB/s). At 4 u (u: the all-reduce's, grown alike on every rank), with twice as many runs.
         fours, = _together_times(comm, [lambda: exchange(4 * unit)], 2 * repeats + 1)
