@@ -320,9 +320,10 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
     short kernel would otherwise end before ranks that share cores have all been scheduled, and look
     uncontended). Calls (``least`` = 0): one run per repeat, after a pause of ``QUIET_SECONDS`` (as the
     benchmarks pause, so that it starts quiet), timed as the benchmarks time a call (:func:`call_seconds`:
-    from the last rank's start to the last one's end, where the ranks share a clock). ``prepare`` (calls
-    only): run before every run, untimed, its result passed to the fn (e.g. a fresh copy of the tensor that
-    an all-reduce overwrites, as the benchmarks make one)."""
+    from the last rank's start to the last one's end, where the ranks share a clock; and, as they do, no rank
+    goes on before the last has ended). ``prepare`` (calls only): run before every run, untimed, its result
+    passed to the fn (e.g. a fresh copy of the tensor that an all-reduce overwrites, as the benchmarks make
+    one)."""
     if prepare is not None and least > 0:
         raise ValueError("_together_times: prepare needs least = 0 (one run per repeat)")
 
@@ -334,7 +335,9 @@ def _together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=N
         start = time.perf_counter()
         for _ in range(runs):
             fn(*args)
-        return round(start * _PS), round(time.perf_counter() * _PS)
+        end = time.perf_counter()
+        comm.all_gather_rows([0])  # the common end: no rank's next work slows a rank still running
+        return round(start * _PS), round(end * _PS)
 
     def length(span: Tuple[int, int]) -> int:  # picoseconds
         return span[1] - span[0]
