@@ -187,9 +187,12 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     """Measure the group's profile (collective; on the calling thread, which must be the group's lane).
     Every rank measures; the result is the per-field median over the ranks (the same on every rank).
 
-    Fixed costs: the median time of a tiny call of each primitive. Rates: bytes sent per rank per second,
-    from the slope between sending u and 4 u bytes (so TCP's ramp-up and the fixed cost cancel out), u
-    from ``message_bytes`` doubled (up to 8x) until one send of u takes ``RATE_SECONDS`` on the slowest
+    Fixed costs: the median time of a tiny call of each primitive, timed as a call (below): run back to
+    back on ranks that share cores, each one also waits for every peer to be scheduled, which a call's
+    local terms already count (8 ranks on 2 cores: 3.6-4.9 ms per all-gather or all-to-all, and zen's
+    small calls at 100 Mbit/s predicted 20-36% high). Rates: bytes sent per rank per second, from the slope
+    between sending u and 4 u bytes (so TCP's ramp-up and the fixed cost cancel out), u from
+    ``message_bytes`` doubled (up to 8x) until one send of u takes ``RATE_SECONDS`` on the slowest
     rank (so a few ms of jitter stay small beside the slope's difference): a ring all-reduce (2 (n-1)/n
     bytes sent per byte reduced; at most a ring step's rate), an all-to-all; a pairwise exchange's rate
     from 4 u alone, 4 u over its median time less its fixed cost (see below). The sizes are timed as calls
@@ -217,12 +220,14 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         return 3 * unit / max(statistics.median(fours) - statistics.median(ones), 1e-9), unit
 
     if n > 1:
-        mine["allgather"] = _median_time(lambda: comm.all_gather_rows([0]), repeats)
         one = torch.zeros(1, device=device)
-        mine["allreduce"] = _median_time(lambda: dist.all_reduce(one, group=comm.group), repeats)
         a2a_in = torch.zeros(8 * n, dtype=torch.uint8, device=device)
         a2a_out = torch.empty_like(a2a_in)
-        mine["alltoall"] = _median_time(lambda: comm.all_to_all(a2a_out, a2a_in, [8] * n, [8] * n, 8), repeats)
+        tiny = dict(allgather=lambda: comm.all_gather_rows([0]),
+                    allreduce=lambda: dist.all_reduce(one, group=comm.group),
+                    alltoall=lambda: comm.all_to_all(a2a_out, a2a_in, [8] * n, [8] * n, 8))
+        for name, times in zip(tiny, _together_times(comm, list(tiny.values()), 2 * repeats + 1)):
+            mine[name] = statistics.median(times)
         # All-to-all pieces of at least DUPLEX_ALL_TO_ALL_BYTES: large all-to-alls' transport
         # (``Comm.all_to_all``) at both ends of the slope.
         a2a_unit = max(unit, DUPLEX_ALL_TO_ALL_BYTES * (n - 1))
@@ -257,8 +262,9 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         def exchange(b):  # b bytes each way with the peer
             comm.exchange([(q, big[:b]) for q in peers], [(q, big_in[:b]) for q in peers])
 
+        p2p_fixed = statistics.median(_together_times(comm, [lambda: exchange(8)], 2 * repeats + 1)[0])
         if peer is not None:
-            mine["p2p"] = _median_time(lambda: exchange(8), repeats)
+            mine["p2p"] = p2p_fixed
         # Not a slope: a pairwise exchange varies most from run to run, and a difference of two such
         # medians overrates it. 4 ranks at 100 Mbit/s (12 tries with TCP bbr, 4 with reno): slopes 9.7-13.0
         # MB/s with bbr (1 MiB: 88-149 ms) and 11.4-12.1 with reno, against 9.7-11.3 and 11.4-11.7 from 4 MiB;
