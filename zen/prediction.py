@@ -187,12 +187,10 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     """Measure the group's profile (collective; on the calling thread, which must be the group's lane).
     Every rank measures; the result is the per-field median over the ranks (the same on every rank).
 
-    Fixed costs: the median time of a tiny call of each primitive, timed as a call (below): run back to
-    back on ranks that share cores, each one also waits for every peer to be scheduled, which a call's
-    local terms already count (8 ranks on 2 cores: 3.6-4.9 ms per all-gather or all-to-all, and zen's
-    small calls at 100 Mbit/s predicted 20-36% high). Rates: bytes sent per rank per second, from the slope
-    between sending u and 4 u bytes (so TCP's ramp-up and the fixed cost cancel out), u from
-    ``message_bytes`` doubled (up to 8x) until one send of u takes ``RATE_SECONDS`` on the slowest
+    Fixed costs: the median time of a tiny call of each primitive, timed as a call like the sizes below
+    (the pairwise rate subtracts its fixed cost from such a time). Rates: bytes sent per rank per second,
+    from the slope between sending u and 4 u bytes (so TCP's ramp-up and the fixed cost cancel out), u
+    from ``message_bytes`` doubled (up to 8x) until one send of u takes ``RATE_SECONDS`` on the slowest
     rank (so a few ms of jitter stay small beside the slope's difference): a ring all-reduce (2 (n-1)/n
     bytes sent per byte reduced; at most a ring step's rate), an all-to-all; a pairwise exchange's rate
     from 4 u alone, 4 u over its median time less its fixed cost (see below). The sizes are timed as calls
