@@ -330,27 +330,13 @@ def report(rows, args):
 
 
 def main(argv=None):
+    from launch import launch
+
     args = build_parser().parse_args(argv)
-    if args.from_env:  # one rank of an externally launched job
-        dist.init_process_group("gloo", init_method="env://")
-        torch.set_num_threads(1)
-        rows = bench(dist.get_rank(), dist.get_world_size(), args)
-        if dist.get_rank() == 0:
-            report(rows, args)
-        dist.barrier()  # no rank tears its groups down while another still reports
-        dist.destroy_process_group()
-        return 0
-    if args.bandwidth:
-        from cluster import EmulatedCluster
-
-        cmd = [sys.executable, os.path.abspath(__file__), "--from-env"] + [a for a in (argv or sys.argv[1:])]
-        with EmulatedCluster(args.world, args.bandwidth, args.latency) as cluster:
-            codes = cluster.run(cmd)
-        return max(codes, key=abs)
-    from zen.local import run_ranks
-
-    rows = run_ranks(args.world, bench, args, timeout=3600)[0]
-    report(rows, args)
+    ranks = launch(args, bench, args, script=__file__, argv=argv, timeout=3600)
+    if ranks.results is None:  # another rank, or the emulated cluster's launcher: rank 0 reported
+        return ranks.exit_code
+    report(ranks.results[0], args)
     return 0
 
 

@@ -26,7 +26,8 @@ can reach at most 1448/1514 = 95.6% of R.
 
 Each rank's command runs as `ip netns exec zenK <command>` with MASTER_ADDR=10.99.0.1, MASTER_PORT, RANK,
 WORLD_SIZE, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1 (one rank per emulated host), GLOO_SOCKET_IFNAME=zvK (gloo must
-use the shaped link) and ZEN_CLUSTER_BANDWIDTH_BPS / ZEN_CLUSTER_LATENCY_S (what the links are shaped to);
+use the shaped link) and ZEN_CLUSTER_BANDWIDTH_BPS / ZEN_CLUSTER_LATENCY_S (what the links are shaped to, in
+bits/s and seconds);
 OMP_NUM_THREADS defaults to cores // ranks (at least 1), since all ranks share this machine's cores.
 
 Clean-up is always done: on success, failure, exceptions, Ctrl-C and SIGTERM the ranks' process groups are
@@ -39,18 +40,19 @@ Python API:
     with EmulatedCluster(ranks=4, bandwidth="1gbit") as cluster:
         codes = cluster.run([sys.executable, "bench.py"])   # one exit code per rank
 
+The CLI's exit code is the ranks' (launch.exit_code). What the links really carry is measured by
+benchmarks/cluster_selftest.py. The benchmarks (allreduce.py, train.py) run on this cluster with --bandwidth,
+through benchmarks/launch.py.
+
 Requires root, `ip` and `tc` (iproute2); otherwise the CLI exits with code 2 and says why.
 """
 
 import argparse
 import fcntl
-import json
 import os
 import re
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -88,8 +90,9 @@ class ClusterInterrupted(BaseException):
 # units
 
 
-def parse_rate(text):
-    """'1gbit' -> 1e9 (bit/s). Units kbit, mbit, gbit, tbit (decimal, as tc) or bit; no unit means bit/s.
+def parse_bits_per_second(text):
+    """A link rate in bits/s (not bytes/s, as zen's own parse_rate gives): '1gbit' -> 1e9. Units kbit, mbit,
+    gbit, tbit (decimal, as tc) or bit; no unit means bit/s. tc shapes in bits/s, so the rate stays in them.
 
     tc's 'bps' means *bytes* per second, a classic source of 8x mistakes, so byte units are refused.
     """
@@ -111,7 +114,8 @@ def parse_time(text):
     return float(m.group(1)) * {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}[m.group(2)]
 
 
-def format_rate(bps):
+def format_bits_per_second(bps):
+    """A rate in bits/s as text: 1e9 -> '1 Gbit/s'."""
     for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
         if bps >= scale:
             return f"{bps / scale:.3g} {unit}"
@@ -213,6 +217,9 @@ def cleanup_leftovers():
 class EmulatedCluster:
     """N namespaces zen0..zen{N-1} on a bridge, every link shaped to `bandwidth` in both directions.
 
+    bandwidth: text as parse_bits_per_second takes it ('1gbit'), or a number of bits/s (kept in
+    `bandwidth_bps`, bits/s); latency: text ('0.1ms') or seconds.
+
     Use as a context manager; `run(cmd)` runs cmd once per rank and returns the list of exit codes
     (negative: killed by that signal, as subprocess reports it). `first_failure` holds (rank, code) of the
     first rank, in time, that exited non-zero, or None; `timed_out` says whether run()'s timeout struck.
@@ -223,7 +230,7 @@ class EmulatedCluster:
         if not 1 <= int(ranks) <= MAX_RANKS:
             raise ValueError(f"ranks must be in 1..{MAX_RANKS}")
         self.ranks = int(ranks)
-        self.bandwidth_bps = parse_rate(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
+        self.bandwidth_bps = parse_bits_per_second(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
         self.latency_s = parse_time(latency) if isinstance(latency, str) else float(latency)
         self.master_port = int(master_port)
         self.mtu = int(mtu)
@@ -376,9 +383,9 @@ class EmulatedCluster:
             self._shape(ns, dev)            # rank's upload
             self._shape(BRIDGE_NS, port)    # rank's download
             self._write_hosts(ns)
-        self._log(f"{self.ranks} ranks on {BRIDGE_NS}/{BRIDGE}, every link {format_rate(self.bandwidth_bps)} "
-                  f"each way, one-way latency {self.latency_s * 1e3:g} ms, MTU {self.mtu} "
-                  f"(built in {time.monotonic() - t0:.1f} s)")
+        self._log(f"{self.ranks} ranks on {BRIDGE_NS}/{BRIDGE}, every link "
+                  f"{format_bits_per_second(self.bandwidth_bps)} each way, one-way latency "
+                  f"{self.latency_s * 1e3:g} ms, MTU {self.mtu} (built in {time.monotonic() - t0:.1f} s)")
 
     def _write_hosts(self, ns):
         """Name every rank's address (zen-rank0 ...): gloo and c10d look up the peer's name, and without an
@@ -503,64 +510,6 @@ class EmulatedCluster:
                 p.wait()
         self._procs = [p for p in self._procs if p.returncode is None]
 
-    # self-test ----------------------------------------------------------------------------------------
-    def selftest(self, seconds=2.0):
-        """Measure what the links really carry: one stream, all links at once, and the round-trip time.
-
-        1. rank 0 -> rank 1, one TCP stream: goodput / R (expect >= 0.9; 1448/1514 = 0.956 is the TCP ceiling
-           at MTU 1500).
-        2. every rank K -> rank K+1 mod N at once: every upload and every download busy, N*R in total through
-           the bridge; shows whether this machine's CPUs can carry N ranks' worth of shaped traffic.
-        3. 1-byte TCP ping-pong rank 0 <-> rank 1: median round trip (2 x latency + software overhead).
-        Returns a dict and prints a summary; 'ok' is result 1 >= 0.9.
-        """
-        if self.ranks < 2:
-            raise ValueError("the self-test needs at least 2 ranks")
-        me = os.path.abspath(__file__)
-        port = 5201
-
-        def streams(pairs):
-            sinks = [self.popen(dst, [sys.executable, me, "_sink", str(port)], stdout=subprocess.PIPE)
-                     for _, dst in pairs]
-            sources = [self.popen(src, [sys.executable, me, "_source", self.address(dst), str(port), str(seconds)])
-                       for src, dst in pairs]
-            for p in sources:
-                p.wait(timeout=seconds + 30)
-            rates = []
-            for p in sinks:
-                out, _ = p.communicate(timeout=30)
-                rates.append(json.loads(out)["bps"])
-            return rates
-
-        one = streams([(0, 1)])[0]
-        ring = streams([(k, (k + 1) % self.ranks) for k in range(self.ranks)])
-        echo = self.popen(1, [sys.executable, me, "_echo", str(port)])
-        ping = self.popen(0, [sys.executable, me, "_ping", self.address(1), str(port), "200"],
-                          stdout=subprocess.PIPE)
-        out, _ = ping.communicate(timeout=60)
-        echo.wait(timeout=10)
-        rtt = json.loads(out)["rtt_s"]
-        R = self.bandwidth_bps
-        result = {
-            "rate_bps": R,
-            "single_stream_bps": one,
-            "single_stream_fraction": one / R,
-            "ring_min_bps": min(ring),
-            "ring_mean_bps": statistics.mean(ring),
-            "ring_min_fraction": min(ring) / R,
-            "rtt_median_s": rtt,
-            "ok": one / R >= 0.9,
-        }
-        print(f"selftest: shaped rate {format_rate(R)} per link and direction\n"
-              f"  rank0 -> rank1, 1 stream:      {format_rate(one)} = {100 * one / R:.1f}% of rate\n"
-              f"  ring k -> k+1, {self.ranks} streams at once: min {format_rate(min(ring))} "
-              f"({100 * min(ring) / R:.1f}%), mean {format_rate(statistics.mean(ring))} "
-              f"({100 * statistics.mean(ring) / R:.1f}%)\n"
-              f"  TCP ping-pong RTT (median):    {rtt * 1e6:.0f} us\n"
-              f"  {'PASS' if result['ok'] else 'FAIL'} (single stream >= 90% of the shaped rate)",
-              file=sys.stderr, flush=True)
-        return result
-
 
 def _pump(src, dst, prefix, lock):
     """Forward lines from a child's pipe to our stream with a prefix (a thread per pipe)."""
@@ -579,88 +528,13 @@ def _pump(src, dst, prefix, lock):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# self-test helpers, run inside the namespaces as `cluster.py _sink PORT` etc. (stdlib only)
-
-
-def _role_sink(port):
-    """Accept one connection, count bytes to EOF, print goodput from first to last byte."""
-    srv = socket.create_server(("0.0.0.0", int(port)), reuse_port=False)
-    conn, _ = srv.accept()
-    buf = bytearray(1 << 20)
-    total, t_first, t_last = 0, None, None
-    while True:
-        n = conn.recv_into(buf)
-        if n == 0:
-            break
-        now = time.perf_counter()
-        if t_first is None:
-            t_first = now
-            first_n = n  # the first chunk arrived before the clock started: not part of the timed bytes
-        total += n
-        t_last = now
-    timed = total - first_n
-    print(json.dumps({"bytes": total, "bps": 8 * timed / max(t_last - t_first, 1e-9)}))
-
-
-def _connect(addr, port, tries=200):
-    for _ in range(tries):
-        try:
-            return socket.create_connection((addr, int(port)), timeout=5)
-        except OSError:
-            time.sleep(0.05)  # the peer may not listen yet
-    raise SystemExit(f"cannot connect to {addr}:{port}")
-
-
-def _role_source(addr, port, seconds):
-    s = _connect(addr, port)
-    chunk = b"\0" * (1 << 20)
-    end = time.perf_counter() + float(seconds)
-    while time.perf_counter() < end:
-        s.sendall(chunk)
-    s.close()
-
-
-def _role_echo(port):
-    srv = socket.create_server(("0.0.0.0", int(port)))
-    conn, _ = srv.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while True:
-        b = conn.recv(1)
-        if not b:
-            break
-        conn.sendall(b)
-
-
-def _role_ping(addr, port, count):
-    s = _connect(addr, port)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    rtts = []
-    for _ in range(int(count)):
-        t0 = time.perf_counter()
-        s.sendall(b"x")
-        s.recv(1)
-        rtts.append(time.perf_counter() - t0)
-    s.close()
-    print(json.dumps({"rtt_s": statistics.median(rtts)}))
-
-
-_ROLES = {"_sink": _role_sink, "_source": _role_source, "_echo": _role_echo, "_ping": _role_ping}
-
-
-# ----------------------------------------------------------------------------------------------------------
 # CLI
 
 
-def _exit_code(code):
-    """subprocess reports death by signal S as -S; a shell would say 128+S."""
-    return 128 - code if code < 0 else code
-
-
 def main(argv=None):
+    from launch import exit_code
+
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in _ROLES:
-        _ROLES[argv[0]](*argv[1:])
-        return 0
     ap = argparse.ArgumentParser(
         prog="cluster.py",
         description="Run a command once per rank, each rank in its own network namespace behind shaped links.",
@@ -674,7 +548,6 @@ def main(argv=None):
     ap.add_argument("--congestion-control", default=CONGESTION_CONTROL,
                     help=f"TCP congestion control in the ranks' namespaces (default {CONGESTION_CONTROL}; '' keeps "
                          "the kernel's default)")
-    ap.add_argument("--selftest", action="store_true", help="measure the links before running the command")
     ap.add_argument("--cleanup", action="store_true", help="only remove leftovers of an earlier run, then exit")
     ap.add_argument("--all-stdout", action="store_true", help="also forward ranks 1.. stdout, prefixed")
     ap.add_argument("--fail-grace", type=float, default=10.0, help="seconds the others get after a rank fails")
@@ -684,8 +557,8 @@ def main(argv=None):
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments to run on every rank")
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not cmd and not args.selftest and not args.cleanup:
-        ap.error("nothing to run: give `-- command ...`, --selftest or --cleanup")
+    if not cmd and not args.cleanup:
+        ap.error("nothing to run: give `-- command ...` or --cleanup (the links' self-test: cluster_selftest.py)")
     try:
         check_prerequisites()
         if args.cleanup:
@@ -698,21 +571,14 @@ def main(argv=None):
         return 2
     try:
         with cluster:
-            if args.selftest:
-                if not cluster.selftest()["ok"] and not cmd:
-                    return 1
-            if not cmd:
-                return 0
             codes = cluster.run(cmd, all_stdout=args.all_stdout, fail_grace=args.fail_grace,
                                 timeout=args.timeout)
             if cluster.timed_out:
                 print(f"cluster.py: timed out after {args.timeout:g} s (exit codes {codes})", file=sys.stderr)
-                return 124
-            if cluster.first_failure is not None:
+            elif cluster.first_failure is not None:
                 rank, code = cluster.first_failure
                 print(f"cluster.py: rank {rank} failed first, exit code {code} (all: {codes})", file=sys.stderr)
-                return _exit_code(code)
-            return 0
+            return exit_code(codes, cluster.timed_out, cluster.first_failure)
     except ClusterSetupError as e:
         print(f"cluster.py: error: {e}", file=sys.stderr)
         return 2

@@ -73,9 +73,9 @@ def main(argv=None):
     p.add_argument("--sizes", default="4M")
     p.add_argument("--densities", default="0.001,0.01,0.1")
     args = p.parse_args(argv)
-    from zen.local import run_ranks
+    from launch import launch
 
-    rows = run_ranks(args.world, run, args, timeout=1800)[0]
+    rows = launch(args, run, args, timeout=1800).results[0]
     print(f"extra memory per rank, {args.world} ranks (MiB; ratio = predicted / measured peak)")
     print(f"{'numel':>9} {'density':>8} {'scheme':>10} {'predicted':>10} {'measured':>10} {'ratio':>6}")
     for r in rows:

@@ -197,9 +197,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.warmup >= args.calls:
         raise SystemExit("--warmup must be smaller than --calls")
-    from zen.local import run_ranks
+    from launch import launch
 
-    results = run_ranks(args.world, soak_rank, args, timeout=args.timeout, pg_timeout=300)
+    results = launch(args, soak_rank, args, timeout=args.timeout, pg_timeout=300).results
     figures = summarize(args, results)
     if args.json:
         with open(args.json, "w") as f:

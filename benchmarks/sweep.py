@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 
+from launch import exit_code
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXED = ("dense", "agsparse", "sparcml", "omnireduce", "zen")
 
@@ -58,7 +60,7 @@ def run_cell(args, world, bandwidth):
         print(f"[sweep] {world} ranks at {bandwidth}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         for attempt in range(2):  # a run that fails (e.g. a rank aborting in gloo's teardown) runs once more
             steal_before, total_before = cpu_steal()
-            code = subprocess.run(cmd).returncode
+            code = exit_code([subprocess.run(cmd).returncode])  # a death by signal S reads 128 + S
             steal_after, total_after = cpu_steal()
             if code == 0:
                 break

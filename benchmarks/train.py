@@ -453,28 +453,14 @@ def report(raw, args, world):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    from launch import launch
+
     args = build_parser().parse_args(argv)
-    if args.from_env:  # one rank of an externally launched job (cluster.py, torchrun)
-        dist.init_process_group("gloo", init_method="env://")
-        raw = bench(dist.get_rank(), dist.get_world_size(), args)
-        code = report(raw, args, dist.get_world_size()) if dist.get_rank() == 0 else 0
-        dist.destroy_process_group()
-        return code
-    if args.bandwidth:
-        from cluster import EmulatedCluster
-
-        cmd = [sys.executable, os.path.abspath(__file__), "--from-env"] + list(argv)
-        with EmulatedCluster(args.world, args.bandwidth, args.latency) as cluster:
-            codes = cluster.run(cmd, timeout=args.timeout)
-        if cluster.timed_out:
-            return 124
-        bad = [c for c in codes if c != 0]
-        return (128 - bad[0] if bad[0] < 0 else bad[0]) if bad else 0
-    from zen.local import run_ranks
-
-    raw = run_ranks(args.world, bench, args, timeout=args.timeout, pg_timeout=600)[0]
-    return report(raw, args, args.world)
+    ranks = launch(args, bench, args, script=__file__, argv=argv, timeout=args.timeout, pg_timeout=600,
+                   cluster_timeout=args.timeout)
+    if ranks.results is None:  # another rank, or the emulated cluster's launcher: rank 0 reported
+        return ranks.exit_code
+    return report(ranks.results[0], args, ranks.world)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Self-test of the emulated cluster (benchmarks/cluster.py): what its shaped links really carry.
+
+    sudo python benchmarks/cluster_selftest.py --ranks 8 --bandwidth 1gbit
+
+Builds an EmulatedCluster, then measures, with plain TCP sockets between the ranks' namespaces:
+
+1. rank 0 -> rank 1, one TCP stream: goodput / R (expect >= 0.9; 1448/1514 = 0.956 is the TCP ceiling
+   at MTU 1500).
+2. every rank K -> rank K+1 mod N at once: every upload and every download busy, N*R in total through
+   the bridge; shows whether this machine's CPUs can carry N ranks' worth of shaped traffic.
+3. 1-byte TCP ping-pong rank 0 <-> rank 1: median round trip (2 x latency + software overhead).
+
+Exit code 0 when the single stream reaches 90% of the shaped rate, 1 when it does not, 2 when the cluster
+cannot be built (as cluster.py). The measuring ends run inside the namespaces as this same file with a role
+as first argument (`cluster_selftest.py _sink PORT` etc.; standard library only).
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+from cluster import (CONGESTION_CONTROL, ClusterInterrupted, ClusterSetupError, EmulatedCluster,
+                     check_prerequisites, format_bits_per_second)
+
+PORT = 5201
+
+
+def selftest(cluster, seconds=2.0):
+    """Measure one stream, all links at once and the round-trip time on a built cluster (inside its `with`
+    block). Returns a dict (rates in bit/s) and prints a summary; 'ok' is result 1 >= 0.9."""
+    if cluster.ranks < 2:
+        raise ValueError("the self-test needs at least 2 ranks")
+    me = os.path.abspath(__file__)
+
+    def streams(pairs):
+        sinks = [cluster.popen(dst, [sys.executable, me, "_sink", str(PORT)], stdout=subprocess.PIPE)
+                 for _, dst in pairs]
+        sources = [cluster.popen(src, [sys.executable, me, "_source", cluster.address(dst), str(PORT), str(seconds)])
+                   for src, dst in pairs]
+        for p in sources:
+            p.wait(timeout=seconds + 30)
+        rates = []
+        for p in sinks:
+            out, _ = p.communicate(timeout=30)
+            rates.append(json.loads(out)["bps"])
+        return rates
+
+    one = streams([(0, 1)])[0]
+    ring = streams([(k, (k + 1) % cluster.ranks) for k in range(cluster.ranks)])
+    echo = cluster.popen(1, [sys.executable, me, "_echo", str(PORT)])
+    ping = cluster.popen(0, [sys.executable, me, "_ping", cluster.address(1), str(PORT), "200"],
+                         stdout=subprocess.PIPE)
+    out, _ = ping.communicate(timeout=60)
+    echo.wait(timeout=10)
+    rtt = json.loads(out)["rtt_s"]
+    R = cluster.bandwidth_bps
+    fmt = format_bits_per_second
+    result = {
+        "rate_bps": R,
+        "single_stream_bps": one,
+        "single_stream_fraction": one / R,
+        "ring_min_bps": min(ring),
+        "ring_mean_bps": statistics.mean(ring),
+        "ring_min_fraction": min(ring) / R,
+        "rtt_median_s": rtt,
+        "ok": one / R >= 0.9,
+    }
+    print(f"selftest: shaped rate {fmt(R)} per link and direction\n"
+          f"  rank0 -> rank1, 1 stream:      {fmt(one)} = {100 * one / R:.1f}% of rate\n"
+          f"  ring k -> k+1, {cluster.ranks} streams at once: min {fmt(min(ring))} "
+          f"({100 * min(ring) / R:.1f}%), mean {fmt(statistics.mean(ring))} "
+          f"({100 * statistics.mean(ring) / R:.1f}%)\n"
+          f"  TCP ping-pong RTT (median):    {rtt * 1e6:.0f} us\n"
+          f"  {'PASS' if result['ok'] else 'FAIL'} (single stream >= 90% of the shaped rate)",
+          file=sys.stderr, flush=True)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the measuring ends, run inside the namespaces as `cluster_selftest.py _sink PORT` etc. (stdlib only)
+
+
+def _role_sink(port):
+    """Accept one connection, count bytes to EOF, print goodput (bit/s) from first to last byte."""
+    srv = socket.create_server(("0.0.0.0", int(port)), reuse_port=False)
+    conn, _ = srv.accept()
+    buf = bytearray(1 << 20)
+    total, t_first, t_last = 0, None, None
+    while True:
+        n = conn.recv_into(buf)
+        if n == 0:
+            break
+        now = time.perf_counter()
+        if t_first is None:
+            t_first = now
+            first_n = n  # the first chunk arrived before the clock started: not part of the timed bytes
+        total += n
+        t_last = now
+    timed = total - first_n
+    print(json.dumps({"bytes": total, "bps": 8 * timed / max(t_last - t_first, 1e-9)}))
+
+
+def _connect(addr, port, tries=200):
+    for _ in range(tries):
+        try:
+            return socket.create_connection((addr, int(port)), timeout=5)
+        except OSError:
+            time.sleep(0.05)  # the peer may not listen yet
+    raise SystemExit(f"cannot connect to {addr}:{port}")
+
+
+def _role_source(addr, port, seconds):
+    s = _connect(addr, port)
+    chunk = b"\0" * (1 << 20)
+    end = time.perf_counter() + float(seconds)
+    while time.perf_counter() < end:
+        s.sendall(chunk)
+    s.close()
+
+
+def _role_echo(port):
+    srv = socket.create_server(("0.0.0.0", int(port)))
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        b = conn.recv(1)
+        if not b:
+            break
+        conn.sendall(b)
+
+
+def _role_ping(addr, port, count):
+    s = _connect(addr, port)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(int(count)):
+        t0 = time.perf_counter()
+        s.sendall(b"x")
+        s.recv(1)
+        rtts.append(time.perf_counter() - t0)
+    s.close()
+    print(json.dumps({"rtt_s": statistics.median(rtts)}))
+
+
+_ROLES = {"_sink": _role_sink, "_source": _role_source, "_echo": _role_echo, "_ping": _role_ping}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _ROLES:
+        _ROLES[argv[0]](*argv[1:])
+        return 0
+    ap = argparse.ArgumentParser(
+        prog="cluster_selftest.py",
+        description="Build an emulated cluster and measure what its shaped links carry (root).")
+    ap.add_argument("--ranks", type=int, default=2, help="number of ranks / namespaces (default 2)")
+    ap.add_argument("--bandwidth", default="1gbit", help="rate of every link, each direction (default 1gbit)")
+    ap.add_argument("--latency", default="0", help="one-way rank-to-rank delay, e.g. 0.1ms (needs sch_netem)")
+    ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--queue-ms", type=float, default=50.0, help="queue depth of every shaped link, in ms at rate")
+    ap.add_argument("--congestion-control", default=CONGESTION_CONTROL,
+                    help=f"TCP congestion control in the ranks' namespaces (default {CONGESTION_CONTROL}; '' keeps "
+                         "the kernel's default)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="length of each stream test (default 2)")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    if args.ranks < 2:
+        ap.error("the self-test needs at least 2 ranks")
+    try:
+        check_prerequisites()
+        cluster = EmulatedCluster(args.ranks, args.bandwidth, args.latency, mtu=args.mtu, queue_ms=args.queue_ms,
+                                  verbose=not args.quiet, congestion_control=args.congestion_control)
+    except (ClusterSetupError, ValueError) as e:
+        print(f"cluster_selftest.py: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        with cluster:
+            return 0 if selftest(cluster, args.seconds)["ok"] else 1
+    except ClusterSetupError as e:
+        print(f"cluster_selftest.py: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cluster_selftest.py: interrupted, cleaned up", file=sys.stderr)
+        return 130
+    except ClusterInterrupted as e:
+        print(f"cluster_selftest.py: {e}, cleaned up", file=sys.stderr)
+        return 128 + e.signum
+
+
+if __name__ == "__main__":
+    sys.exit(main())
