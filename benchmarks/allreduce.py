@@ -7,8 +7,8 @@
 Every iteration runs the schemes side by side on the same data, in a new order each time (shuffled by a
 seed that every rank shares: a call right after a heavy one runs ~10% slower, so no scheme may always
 follow the same one), each call timed from the last rank's start to the last rank's end (where ranks share
-a host's clock; else the slowest rank's own time: ``zen.prediction.call_seconds``), and every result is compared with
-torch.distributed.all_reduce of the same data (#wrong counts elements off by more than the dtype's
+a host's clock; else the slowest rank's own time: ``zen.measurement.timing.call_seconds``), and every result is
+compared with torch.distributed.all_reduce of the same data (#wrong counts elements off by more than the dtype's
 tolerance). "auto" is settled first (its measuring and trial calls, untimed; see run_case). One row per
 (size, density, scheme):
 
@@ -115,13 +115,16 @@ def timed_calls(args, warm_up_seconds):
 def run_case(args, schemes, numel, density, rank, world, progress=None):
     """Times every scheme on one case; returns a row per scheme (on every rank)."""
     import zen
-    from zen import cost, ops, prediction
+    from zen import ops
+    from zen.auto import Auto
+    from zen.measurement import store, timing
+    from zen.transport import get_comm
 
     x0 = workload_tensor(args, numel, density, rank, 0)
     truth = x0.clone()
     dist.all_reduce(truth)
     union_idx = torch.nonzero(truth).view(-1)
-    comm = zen.comm.get_comm()
+    comm = get_comm()
     hash_imb = imbalance(torch.bincount(ops.hash_partition(union_idx, world, comm.seed).long(), minlength=world))
     contiguous_imb = imbalance(torch.bincount(union_idx * world // max(1, numel), minlength=world))
     nnz = torch.tensor([float((x0 != 0).sum())])
@@ -130,17 +133,17 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     workload = profile = None
     predicted, predicted_phases = {}, {}  # predicted_phases[scheme][phase], ms
     if not args.no_predict:
-        workload = prediction.measure(x0)
-        profile = prediction.cached_profile() or prediction.probe_profile()
-        predicted = cost.predict_times(workload, profile)
-        predicted_phases = {scheme: {k: v * 1e3 for k, v in phases(workload, profile).items()}
-                            for scheme, phases in cost.PHASE_FORMULAS.items()}
+        workload = zen.measure(x0)
+        profile = store.cached_profile() or zen.probe_profile()
+        predicted = zen.predict_times(workload, profile)
+        predicted_phases = {scheme: {k: v * 1e3 for k, v in phases.items()}
+                            for scheme, phases in zen.predict_phases(workload, profile).items()}
     tol = TOLERANCE[x0.dtype]
     truth_max = truth.abs().max().item()
     # A fresh "auto" per case, as in a new job (a pick made for the previous case's density would otherwise
     # carry over). Its measuring and trial calls run first, untimed: the rounds time its steady state, the
     # pick it keeps for the next 100 calls; what settling cost is kept in the row (settle_calls, settle_s).
-    instances = {s: zen.schemes.Auto() if s == "auto" else s for s in schemes}
+    instances = {s: Auto() if s == "auto" else s for s in schemes}
     settle_calls, settle_start = 0, time.perf_counter()
     while "auto" in instances and not instances["auto"].settled(comm, numel):
         zen.all_reduce(x0.clone(), scheme=instances["auto"])
@@ -158,7 +161,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         for scheme in order:
             x = x0.clone()
             stats = {}
-            time.sleep(prediction.QUIET_SECONDS)  # a quiet start: CPU work just before a call slows it
+            time.sleep(timing.QUIET_SECONDS)  # a quiet start: CPU work just before a call slows it
             dist.barrier()
             start = time.perf_counter()
             if scheme == "dense":
@@ -186,15 +189,15 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         if progress is not None:
             progress.update(1)
     spans = {s: spans[s][args.warmup:] for s in schemes}
-    # The time of a call: from the last rank's start to the last rank's end (prediction.call_seconds).
+    # The time of a call: from the last rank's start to the last rank's end (timing.call_seconds).
     clocks = [None] * world
-    dist.all_gather_object(clocks, prediction.clock_id())
+    dist.all_gather_object(clocks, timing.clock_id())
     rows = []
     dense_median = None
     for scheme in schemes:
         every = [None] * world
         dist.all_gather_object(every, spans[scheme])
-        t = torch.tensor(prediction.call_seconds([[s for s, _ in mine] for mine in every],
+        t = torch.tensor(timing.call_seconds([[s for s, _ in mine] for mine in every],
                                                  [[e for _, e in mine] for mine in every], clocks), dtype=torch.float64)
         w = torch.tensor([wrong[scheme]], dtype=torch.int64)
         dist.all_reduce(w)

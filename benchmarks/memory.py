@@ -5,8 +5,9 @@
 
 Measured: the peak, over one call, of the bytes held by the tensors the call allocates (torch's profiler:
 each op's own allocations minus frees, a gain at the op's start and a loss at its end, and the frees
-outside ops), on each rank, the largest over the ranks. The call runs on the calling thread (``zen.collective.reduce_now``) so the profiler sees all of it,
-cold (the first call of the scheme on the group: zen's cached index sets I_j are allocated inside it, and
+outside ops), on each rank, the largest over the ranks. The call runs on the calling thread
+(``zen.schemes.call.run_call``) so the profiler sees all of it, cold (the first call of the scheme on the group:
+zen's cached index sets I_j are allocated inside it, and
 counted, as the prediction counts them). The input tensor itself is not counted, by either.
 """
 import argparse
@@ -45,9 +46,9 @@ def run(rank, world, args):
     import workloads
     import zen
     from allreduce import parse_size
-    from zen.collective import reduce_now
-    from zen.comm import get_comm
-    from zen.schemes import make_scheme
+    from zen.collective import make_scheme
+    from zen.schemes.call import run_call
+    from zen.transport import get_comm
 
     comm = get_comm(None)
     rows = []
@@ -58,7 +59,7 @@ def run(rank, world, args):
             predicted = zen.predict_memory(x0)
             for name in SCHEMES:
                 x = x0.clone()
-                measured = peak_bytes(lambda: reduce_now(comm, x, make_scheme(name)))
+                measured = peak_bytes(lambda: run_call(comm, x, make_scheme(name)))
                 worst = torch.tensor([measured], dtype=torch.int64)
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 rows.append(dict(numel=numel, density=density, scheme=name, predicted=predicted[name],

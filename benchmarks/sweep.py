@@ -12,7 +12,7 @@ the rows:
     accuracy   per scheme, the mean absolute percentage error of the prediction over every cell
                (MAPE = mean |predicted - measured| / measured), and per cell whether "auto" was within
                10% of the fastest fixed scheme (with the share of CPU time the hypervisor stole during the
-               cell's run); zen's phases, measured against ``zen.cost.zen_phases``, summed per world size
+               cell's run); zen's phases, measured against ``zen.predict_phases``, summed per world size
     noise      (R > 1) per scheme, how far one round's measured (and predicted) time lies from the cell's
                median over the rounds (mean |round - median| / median): the error no model can go below
     scaling    (--scaling) the real-text workload at a fixed per-rank batch (weak scaling): each scheme's
@@ -80,7 +80,7 @@ def repredict(rows):
     """Recompute every row's predicted time from its stored workload and profile with the current
     cost model (rows of one case share them)."""
     sys.path.insert(0, os.path.dirname(HERE))
-    from zen.cost import PHASE_FORMULAS, Profile, Workload, predict_times
+    from zen import Profile, Workload, predict_phases, predict_times
 
     for row in rows:
         if row.get("workload") and row.get("profile"):
@@ -90,8 +90,8 @@ def repredict(rows):
             workload, profile = Workload(**row["workload"]), Profile(**profile)
             times = predict_times(workload, profile)
             row["time_predicted"] = times[row["scheme"]] if row["scheme"] in times else times["auto"]
-            if row["scheme"] in PHASE_FORMULAS:
-                phases = PHASE_FORMULAS[row["scheme"]](workload, profile)
+            phases = predict_phases(workload, profile).get(row["scheme"])
+            if phases is not None:
                 row["phases_predicted_ms"] = {k: v * 1e3 for k, v in phases.items()}
     return rows
 

@@ -6,7 +6,7 @@
 1. gloo's own all-to-all (``all_to_all_single``);
 2. point-to-point messages on one group (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ...);
 3. the same on two groups, one per direction of each pair: zen's transport on gloo for large all-to-alls,
-   and between two ranks for all but the smallest (``Comm.all_to_all``, ``zen.comm.duplex_all_to_all``),
+   and between two ranks for all but the smallest (``Comm.all_to_all``, ``zen.geometry.duplex_all_to_all``),
    since gloo moves a pair's messages on one connection one direction at a time.
 
 Prints, per piece size (bytes per peer), the median time of each and the bytes each rank sent per second.
@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from zen.comm import get_comm
+from zen.transport import get_comm
 
 
 def staggered(recv, send, piece, rank, world, send_group, recv_group):

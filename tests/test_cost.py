@@ -10,10 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zen import cost
-from zen.comm import DUPLEX_ALL_TO_ALL_BYTES, DUPLEX_PAIR_BYTES, duplex_all_to_all
-from zen.cost import Profile, Workload, estimate_workload, predict_times
+from zen.cost import Profile, Workload, estimate_workload, terms
+from zen.geometry import DUPLEX_ALL_TO_ALL_BYTES, DUPLEX_PAIR_BYTES, doubling_groups, duplex_all_to_all
 from zen.planner import embedding_workload, expected_distinct, main, workload_from_indices, zipf_probabilities
-from zen.prediction import call_seconds, clock_id, parse_rate, parse_time
+from zen.measurement.timing import call_seconds, clock_id
+from zen.prediction import predict_times
+from zen.schemes import AllGatherSparse, BalancedParallelism, Dense, OmniReduce, SparCML, registered
+from zen.units import parse_rate, parse_time
 
 B = 1e9  # bytes/s
 NO_LOCAL = dict(memory_bandwidth=1e300, element_time=0.0, write_time=0.0, found_time=0.0, merge_time=0.0,
@@ -36,7 +39,7 @@ def uniform(numel, n, nnz, gamma, **kw):
 
 def test_dense_is_the_ring():
     w = uniform(10**6, 4, 1000, 2.0)
-    assert cost.dense_time(w, WIRE_ONLY) == pytest.approx(2 * 3 / 4 * 4e6 / B + agree_bytes(4, 0), rel=1e-12)
+    assert Dense.time(w, WIRE_ONLY) == pytest.approx(2 * 3 / 4 * 4e6 / B + agree_bytes(4, 0), rel=1e-12)
     assert cost.dense_bytes(10**6, 4, 4) == 6e6
     assert cost.dense_bytes(10**6, 1, 4) == 0.0
 
@@ -44,13 +47,13 @@ def test_dense_is_the_ring():
 def test_agsparse_is_n_minus_1_k():
     n, k = 5, 2000
     w = uniform(10**6, n, k, 3.0)
-    assert cost.agsparse_time(w, WIRE_ONLY) == pytest.approx((n - 1) * k * 8 / B + agree_bytes(n, 1), rel=1e-12)
+    assert AllGatherSparse.time(w, WIRE_ONLY) == pytest.approx((n - 1) * k * 8 / B + agree_bytes(n, 1), rel=1e-12)
 
 
 def test_agsparse_uneven_takes_the_busiest_link():
     w = uniform(10**6, 3, 100, 3.0)
     w.nnz = [100, 1000, 10]  # rank 1 sends 2 * 1000 pairs; rank 2 receives 1100
-    assert cost.agsparse_time(w, WIRE_ONLY) == pytest.approx(2000 * 8 / B + agree_bytes(3, 1), rel=1e-12)
+    assert AllGatherSparse.time(w, WIRE_ONLY) == pytest.approx(2000 * 8 / B + agree_bytes(3, 1), rel=1e-12)
 
 
 def test_measured_rates_replace_the_bandwidth_per_primitive():
@@ -59,10 +62,10 @@ def test_measured_rates_replace_the_bandwidth_per_primitive():
     w = uniform(10**6, n, k, 2.0)
     slow_a2a = Profile(bandwidth=B, latency=0.0, **NO_LOCAL,
                        rates=(("alltoall", B / 2), ("allreduce", B / 4), ("p2p", B / 8)))
-    assert cost.agsparse_time(w, slow_a2a) == pytest.approx(2 * (n - 1) * k * 8 / B + agree_bytes(n, 1), rel=1e-12)
-    assert cost.dense_time(w, slow_a2a) == pytest.approx(4 * 2 * 3 / 4 * 4e6 / B + agree_bytes(n, 0), rel=1e-12)
-    wire = cost.sparcml_time(w, WIRE_ONLY) - agree_bytes(n, 1)
-    assert cost.sparcml_time(w, slow_a2a) - agree_bytes(n, 1) == pytest.approx(8 * wire, rel=1e-12)
+    assert AllGatherSparse.time(w, slow_a2a) == pytest.approx(2 * (n - 1) * k * 8 / B + agree_bytes(n, 1), rel=1e-12)
+    assert Dense.time(w, slow_a2a) == pytest.approx(4 * 2 * 3 / 4 * 4e6 / B + agree_bytes(n, 0), rel=1e-12)
+    wire = SparCML.time(w, WIRE_ONLY) - agree_bytes(n, 1)
+    assert SparCML.time(w, slow_a2a) - agree_bytes(n, 1) == pytest.approx(8 * wire, rel=1e-12)
     with pytest.raises(ValueError, match="rates"):
         Profile(bandwidth=B, latency=0.0, rates=(("p2p", 0.0),))
 
@@ -76,13 +79,13 @@ def test_small_all_to_alls_run_at_the_backends_own_rate():
     small, large = 1000, DUPLEX_ALL_TO_ALL_BYTES // 8 + 1  # pairs per rank (8 bytes each)
     for k, rate in ((small, B / 2), (large, B)):
         w = uniform(10**7, n, k, 2.0)
-        assert cost.agsparse_time(w, p) == pytest.approx((n - 1) * k * 8 / rate + agree_bytes(n, 1), rel=1e-12)
+        assert AllGatherSparse.time(w, p) == pytest.approx((n - 1) * k * 8 / rate + agree_bytes(n, 1), rel=1e-12)
     assert Profile(bandwidth=B, latency=0.0, rates=(("alltoall", B / 3),)).rate("alltoall_small") == B / 3
     # Between two ranks the duplex transport takes over from DUPLEX_PAIR_BYTES (one peer: one message each way).
     assert not duplex_all_to_all(2, DUPLEX_PAIR_BYTES - 1) and duplex_all_to_all(2, DUPLEX_PAIR_BYTES)
     assert not duplex_all_to_all(4, DUPLEX_PAIR_BYTES) and duplex_all_to_all(4, DUPLEX_ALL_TO_ALL_BYTES)
     k = DUPLEX_PAIR_BYTES // 8
-    assert cost.agsparse_time(uniform(10**7, 2, k, 2.0), p) == pytest.approx(k * 8 / B + agree_bytes(2, 1), rel=1e-12)
+    assert AllGatherSparse.time(uniform(10**7, 2, k, 2.0), p) == pytest.approx(k * 8 / B + agree_bytes(2, 1), rel=1e-12)
 
 
 def test_calibration_adds_each_schemes_missed_fixed_cost():
@@ -109,15 +112,16 @@ def test_calibration_is_interpolated_between_the_small_and_the_large_call():
 
 def test_profile_travels_whole_between_ranks():
     """Rank 0's profile reaches every rank through one int64 row: every field, both calibrations."""
-    from zen.prediction import _decode, _encode
+    from zen.measurement.store import decode, encode
 
     p = Profile(bandwidth=1.25e8, latency=5e-5, memory_bandwidth=3e9, element_time=9e-9, write_time=5e-9,
                 found_time=4e-9, merge_time=3e-8, merge2_time=2e-8, encode_time=2e-8, decode_time=7e-9,
                 call_overhead=8e-5,
                 overheads=(("allgather", 6e-4), ("p2p", 3e-4)), rates=(("alltoall", 1.1e8),),
                 calibration=(("dense", 0.0), ("zen", 8e-4)), calibration_large=(("zen", 0.05),))
-    assert _decode(_encode(p)) == p
-    assert len(_encode(None)) == len(_encode(p))
+    schemes = list(registered())
+    assert decode(encode(p, schemes), schemes) == p
+    assert len(encode(None, schemes)) == len(encode(p, schemes))
 
 
 @pytest.mark.parametrize("gamma", [1.0, 3.5, 8.0])
@@ -126,7 +130,7 @@ def test_zen_is_equation_1(gamma):
     n, k, numel = 8, 10_000, 10**8
     w = uniform(numel, n, k, gamma)
     expected = (n - 1) / n * (k + gamma * k) * 8 / B
-    assert cost.zen_time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(n, n) + (n - 1) * 24 / B, rel=1e-9)
+    assert BalancedParallelism.time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(n, n) + (n - 1) * 24 / B, rel=1e-9)
     assert cost.balanced_bytes(numel, k / numel, n, gamma, 1.0, 4, 4) / B == pytest.approx(expected, rel=1e-9)
 
 
@@ -137,11 +141,11 @@ def test_zen_pull_switches_to_the_bitmap_and_scales_with_imbalance():
     union = w.union
     pull = (n - 1) / n * (union * 4 + numel / 8)
     push = (n - 1) / n * k * 8
-    assert cost.zen_time(w, WIRE_ONLY) == pytest.approx((push + pull) / B + agree_bytes(n, n) + (n - 1) * 24 / B,
+    assert BalancedParallelism.time(w, WIRE_ONLY) == pytest.approx((push + pull) / B + agree_bytes(n, n) + (n - 1) * 24 / B,
                                                         rel=1e-9)
     heavy = estimate_workload(numel, n, k, 4.0, hash_imbalance=1.5)
     assert heavy.hash_imbalance == pytest.approx(1.5)
-    assert cost.zen_time(heavy, WIRE_ONLY) > cost.zen_time(w, WIRE_ONLY) * 1.4
+    assert BalancedParallelism.time(heavy, WIRE_ONLY) > BalancedParallelism.time(w, WIRE_ONLY) * 1.4
 
 
 def test_sparcml_is_equation_2():
@@ -149,14 +153,14 @@ def test_sparcml_is_equation_2():
     n, k, numel = 8, 1000, 10**8
     w = estimate_workload(numel, n, k, float(n))
     expected = sum(2 ** (i - 1) * k * 8 for i in range(1, 4)) / B
-    assert cost.sparcml_time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(n, 1), rel=1e-12)
+    assert SparCML.time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(n, 1), rel=1e-12)
 
 
 def test_sparcml_messages_stop_at_dense():
     n, numel = 4, 1000
     w = estimate_workload(numel, n, 400, 4.0)  # 400 pairs = 3200 B < 4000 B dense; the union of 2 is dense
     steps = [min(400 * 8, 4000), min(800 * 8, 4000)]
-    assert cost.sparcml_time(w, WIRE_ONLY) == pytest.approx(sum(steps) / B + agree_bytes(n, 1), rel=1e-12)
+    assert SparCML.time(w, WIRE_ONLY) == pytest.approx(sum(steps) / B + agree_bytes(n, 1), rel=1e-12)
 
 
 def test_sparcml_folds_the_extra_ranks():
@@ -164,11 +168,11 @@ def test_sparcml_folds_the_extra_ranks():
     k, numel = 100, 10**6
     w = estimate_workload(numel, 3, k, 3.0)
     expected = (k * 8 + 2 * k * 8 + 3 * k * 8) / B
-    assert cost.sparcml_time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(3, 1), rel=1e-12)
+    assert SparCML.time(w, WIRE_ONLY) == pytest.approx(expected + agree_bytes(3, 1), rel=1e-12)
     alpha = 1e-5
     with_latency = Profile(bandwidth=B, latency=alpha, **NO_LOCAL)
     # agreement ring (2 alpha), fold (1), step with header (2), unfold with header (2)
-    assert cost.sparcml_time(w, with_latency) == pytest.approx(expected + agree_bytes(3, 1) + 7 * alpha, rel=1e-9)
+    assert SparCML.time(w, with_latency) == pytest.approx(expected + agree_bytes(3, 1) + 7 * alpha, rel=1e-9)
 
 
 def test_omnireduce_blocks():
@@ -178,11 +182,11 @@ def test_omnireduce_blocks():
     ranges = numel // bs // n
     push = (n - 1) * (100 * bs * 4 + ranges / 8)
     pull = (n - 1) * (200 * bs * 4 + ranges / 8)
-    assert cost.omnireduce_time(w, WIRE_ONLY) == pytest.approx(
+    assert OmniReduce.time(w, WIRE_ONLY) == pytest.approx(
         (push + pull) / B + agree_bytes(n, n) + (n - 1) * 8 / B, rel=1e-12)
     skewed = estimate_workload(numel, n, 1000, 2.0, block_nnz=400, block_union=800, block_imbalance=(3.0, 3.0))
     assert skewed.block_imbalance == pytest.approx(3.0)
-    assert cost.omnireduce_time(skewed, WIRE_ONLY) > 2.5 * (push + pull) / B
+    assert OmniReduce.time(skewed, WIRE_ONLY) > 2.5 * (push + pull) / B
 
 
 def test_latency_terms_count_message_steps():
@@ -194,7 +198,7 @@ def test_latency_terms_count_message_steps():
     measured = Profile(bandwidth=B, latency=1e-5, overheads=(("alltoall", 3e-4),))
     assert measured.fixed("alltoall", 5) == 3e-4 and measured.fixed("p2p", 5) == 1e-5
     w = uniform(10**6, 5, 1000, 2.0)
-    assert cost.dense_time(w, p) - cost.dense_time(w, WIRE_ONLY) == pytest.approx(4e-5 + 8e-5)
+    assert Dense.time(w, p) - Dense.time(w, WIRE_ONLY) == pytest.approx(4e-5 + 8e-5)
 
 
 def test_local_terms():
@@ -205,15 +209,15 @@ def test_local_terms():
     w = uniform(10**6, 1, 1000, 1.0)
     span = sum(w.block_union) * w.block_size  # the union's elements lie in its non-zero blocks
     assert cost.lines_bytes(w.union, span, 4) == pytest.approx(1000 * 64, rel=0.07)
-    assert cost.agsparse_time(w, slow_memory) == pytest.approx((4e6 + cost.lines_bytes(w.union, span, 4)) / 1e6)
+    assert AllGatherSparse.time(w, slow_memory) == pytest.approx((4e6 + cost.lines_bytes(w.union, span, 4)) / 1e6)
     packed = dataclasses.replace(w, block_union=[1000 / 256])  # the same union in 4 full blocks: 1000 * 4 bytes
-    assert cost.agsparse_time(packed, slow_memory) == pytest.approx((4e6 + 4000) / 1e6, rel=1e-3)
+    assert AllGatherSparse.time(packed, slow_memory) == pytest.approx((4e6 + 4000) / 1e6, rel=1e-3)
     slow_finding = Profile(bandwidth=1e300, latency=0.0, **dict(NO_LOCAL, found_time=1e-6))
     blocks = cost.scan_blocks(1000, sum(w.block_counts[0]) * w.block_size)  # f per scan block holding a non-zero
     assert 950 < blocks <= 1000  # (spread over its 256-blocks, which it nearly fills one each)
-    assert cost.agsparse_time(w, slow_finding) == pytest.approx(blocks * 1e-6)
+    assert AllGatherSparse.time(w, slow_finding) == pytest.approx(blocks * 1e-6)
     w.dense_input = False
-    assert cost.agsparse_time(w, slow_memory) == pytest.approx(0.0, abs=1e-9)
+    assert AllGatherSparse.time(w, slow_memory) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_dense_densifies_coo_input_into_each_ranks_blocks():
@@ -223,10 +227,10 @@ def test_dense_densifies_coo_input_into_each_ranks_blocks():
     w = dataclasses.replace(uniform(10**6, 2, 1000, 1.0), dense_input=False)
     nothing_local = Profile(bandwidth=1e300, latency=0.0, **NO_LOCAL)
     span = sum(w.block_counts[0]) * w.block_size
-    densify = cost.dense_time(w, slow_memory) - cost.dense_time(w, nothing_local)
+    densify = Dense.time(w, slow_memory) - Dense.time(w, nothing_local)
     assert densify == pytest.approx((2 * 4e6 + cost.lines_bytes(1000, span, 4)) / 1e6)
     packed = dataclasses.replace(w, block_counts=[[1000 / 256 / 2] * 2] * 2)  # 4 full blocks: 4000 bytes
-    assert cost.dense_time(packed, slow_memory) - cost.dense_time(packed, nothing_local) == pytest.approx(
+    assert Dense.time(packed, slow_memory) - Dense.time(packed, nothing_local) == pytest.approx(
         (2 * 4e6 + 4000) / 1e6, rel=1e-3)
 
 
@@ -236,14 +240,14 @@ def test_bitmap_coding_costs_per_index_plus_its_bytes():
     n, numel = 4, 1 << 20
     coding = dict(NO_LOCAL, memory_bandwidth=1e9, encode_time=3e-9, decode_time=2e-9)
     w = estimate_workload(numel, n, numel // 8, 4.0, hash_imbalance=1.2)  # union 50%: the bitmap wins
-    phases = cost.zen_phases(w, Profile(bandwidth=1e300, latency=0.0, **coding))
+    phases = BalancedParallelism.phases(w, Profile(bandwidth=1e300, latency=0.0, **coding))
     bitmap_bytes = numel / n / 8 / 1e9
     assert phases["encode"] == pytest.approx(max(w.hash_union) * 3e-9 + bitmap_bytes, rel=1e-9)
     lines = sum(cost.lines_bytes(u, numel / n, 4) for u in w.hash_union)
     assert numel * 4 * 0.99 < lines <= numel * 4  # half full: nearly every line of every I_j
     assert phases["decode"] == pytest.approx(w.union * 2e-9 + n * bitmap_bytes + lines / 1e9, rel=1e-9)
     sparse = estimate_workload(numel, n, numel // 1000, 4.0)  # union 0.4%: COO
-    phases = cost.zen_phases(sparse, Profile(bandwidth=1e300, latency=0.0, **coding))
+    phases = BalancedParallelism.phases(sparse, Profile(bandwidth=1e300, latency=0.0, **coding))
     assert phases["encode"] == 0.0 and phases["decode"] == 0.0
 
 
@@ -288,7 +292,7 @@ def test_one_rank_and_empty_tensors_cost_the_call_only():
     assert set(predict_times(uniform(10**6, 1, 1000, 1.0), p).values()) == {2e-5}
     empty = predict_times(uniform(0, 4, 0, 1.0), p)
     assert list(empty.values()) == pytest.approx([2e-5 + 3e-5 + 3 * 48 / B] * 6)  # call + agreement ring
-    assert set(cost.predict_memory(uniform(10**6, 1, 1000, 1.0)).values()) == {0.0}
+    assert set(cost.predict_memory(uniform(10**6, 1, 1000, 1.0), registered()).values()) == {0.0}
 
 
 def test_choose_breaks_ties_in_order():
@@ -302,20 +306,20 @@ def test_choose_breaks_ties_in_order():
 
 def test_memory():
     w = uniform(1 << 20, 8, 1000, 4.0)
-    memory = cost.predict_memory(w)
+    memory = cost.predict_memory(w, registered())
     assert memory["dense"] == 0.0
     assert set(memory) == {"dense", "agsparse", "sparcml", "omnireduce", "zen"}
     # the all-gather holds every rank's piece: it grows with n, zen's buffers do not
     wide = uniform(1 << 20, 64, 1000, 4.0)
-    assert cost.agsparse_memory(wide) > 4 * cost.agsparse_memory(w)
-    assert cost.zen_memory(wide) < 2 * cost.zen_memory(w)
+    assert AllGatherSparse.memory(wide) > 4 * AllGatherSparse.memory(w)
+    assert BalancedParallelism.memory(wide) < 2 * BalancedParallelism.memory(w)
     # zen's bitmap pull caches the index sets: M int32 indices
     dense_union = uniform(1 << 20, 8, 1 << 17, 8.0)
-    assert cost.zen_memory(dense_union) >= (1 << 20) * 4
+    assert BalancedParallelism.memory(dense_union) >= (1 << 20) * 4
     # the aggregate's scratch: count indices and count sums (accumulated in at least 4 bytes), and the output
-    assert cost._aggregate_bytes(1000, 10, dense_union) == 1000 * (4 + 4) + 10 * (4 + 4)
+    assert terms.aggregate_bytes(1000, 10, dense_union) == 1000 * (4 + 4) + 10 * (4 + 4)
     half = uniform(1 << 20, 8, 1 << 17, 8.0, value_size=2)
-    assert cost._aggregate_bytes(1000, 10, half) == 1000 * (4 + 4) + 10 * (4 + 2)
+    assert terms.aggregate_bytes(1000, 10, half) == 1000 * (4 + 4) + 10 * (4 + 2)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -346,9 +350,9 @@ def test_hash_imbalance_estimate():
 
 
 def test_doubling_groups():
-    assert cost.doubling_groups(5) == [[[0, 4], [1], [2], [3]], [[0, 4, 1], [2, 3]], [[0, 4, 1, 2, 3]]]
-    assert cost.doubling_groups(1) == [[[0]]]
-    assert cost.doubling_groups(3) == [[[0, 2], [1]], [[0, 2, 1]]]
+    assert doubling_groups(5) == [[[0, 4], [1], [2], [3]], [[0, 4, 1], [2, 3]], [[0, 4, 1, 2, 3]]]
+    assert doubling_groups(1) == [[[0]]]
+    assert doubling_groups(3) == [[[0, 2], [1]], [[0, 2, 1]]]
 
 
 def test_expected_distinct_rows():

@@ -98,7 +98,7 @@ def _bad_input_cases(rank, world):
     out["usable_after"] = outcome(lambda: check(x.clone()))
 
     def timeouts():  # zen's group starts with the user's group's timeout (60 s here); a call may change it
-        from zen.comm import get_comm, group_timeout
+        from zen.transport import get_comm, group_timeout
 
         first = group_timeout(get_comm().group).total_seconds()
         zen.all_reduce(x.clone(), timeout=45)
@@ -177,7 +177,7 @@ def _edge_cases(rank, world):
 def _pathological_partitions(rank, world):
     import zen
     from zen import ops
-    from zen.comm import get_comm
+    from zen.transport import get_comm
     from zen.schemes.balanced import BalancedParallelism
 
     out = {}
@@ -369,7 +369,7 @@ def test_scheme_and_state_settings_are_validated():
     with pytest.raises(ValueError, match="timeout"):
         zen.ZenState(timeout=-1)
     with pytest.raises(ValueError, match="allowed: .*zen"):
-        from zen.schemes import make_scheme
+        from zen.collective import make_scheme
 
         make_scheme("nope")
 
@@ -507,7 +507,7 @@ def test_lane_closes_after_its_jobs_and_never_hangs_exit():
     timeout."""
     import threading
 
-    from zen.comm import Lane
+    from zen.transport import Lane
 
     lane, ran = Lane("test-lane"), []
     lane.submit(lambda: ran.append(1))

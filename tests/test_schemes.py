@@ -23,7 +23,7 @@ PROFILE = dict(bandwidth=125e6, latency=50e-6)  # 1 Gbit/s, 50 us
 CASES = ([(kind, 1000, 0.05) for kind in KINDS]
          + [("uniform", 30011, 0.6), ("skewed", 30011, 0.01), ("uniform", 7, 0.5), ("edges", 1, 1.0),
             ("edges", 777, 0.0), ("rows", 4096, 0.0),
-            # pieces past zen.comm.DUPLEX_ALL_TO_ALL_BYTES at every world size: gloo's two-group transport
+            # pieces past zen.geometry.DUPLEX_ALL_TO_ALL_BYTES at every world size: gloo's two-group transport
             ("uniform", 600_000, 0.9)])
 
 
@@ -116,7 +116,8 @@ def _check_transport(rank, world):
     uneven and empty pieces."""
     import torch.distributed as dist
 
-    from zen.comm import DUPLEX_ALL_TO_ALL_BYTES, get_comm
+    from zen.geometry import DUPLEX_ALL_TO_ALL_BYTES
+    from zen.transport import get_comm
 
     comm, failures = get_comm(), []
     for scale in (8, DUPLEX_ALL_TO_ALL_BYTES):
@@ -147,9 +148,9 @@ def _run_predict_and_auto(rank, world):
 
     import zen
     from zen import cost
-    from zen.comm import get_comm
+    from zen.auto import Auto
     from zen.planner import workload_from_indices
-    from zen.schemes.auto import Auto
+    from zen.transport import get_comm
 
     out = []
     comm = get_comm()
@@ -171,16 +172,16 @@ def _run_predict_and_auto(rank, world):
             assert not coo.dense_input and vars(coo) == dict(vars(w), dense_input=False), name
 
         times = zen.predict(t)
-        expected = cost.predict_times(w, profile)
+        expected = zen.predict_times(w, profile)
         assert all(abs(times[k] - expected[k]) <= 1e-9 * expected[k] for k in expected), (name, times, expected)
         assert set(times) == set(zen.SCHEMES), name
         assert times["auto"] == min(v for k, v in times.items() if k != "auto")
         memory = zen.predict_memory(t)
         assert set(memory) == set(FIXED) and all(v >= 0 for v in memory.values()), name
-        for scheme, formula in cost.PHASE_FORMULAS.items():  # every phase a call records has a formula
+        for scheme, phases in zen.predict_phases(w, profile).items():  # every phase a call records has a formula
             recorded = {}
             zen.all_reduce(t.clone(), scheme=scheme, stats=recorded)
-            assert set(recorded.get("phases", {})) <= set(formula(w, profile)), (name, scheme, recorded)
+            assert set(recorded.get("phases", {})) <= set(phases), (name, scheme, recorded)
 
         stats = {}
         zen.all_reduce(t, scheme=Auto(), stats=stats)  # a fresh history: this call measures
@@ -202,7 +203,7 @@ def _run_predict_and_auto(rank, world):
     assert stats["auto"]["choice"] != "dense", stats
 
     # re-check: a tensor size that turns dense after 2 calls is re-decided at call 3 (recheck=3).
-    from zen.collective import reduce_now
+    from zen.schemes.call import run_call
 
     auto = Auto(recheck=3)
     picks = []
@@ -213,7 +214,7 @@ def _run_predict_and_auto(rank, world):
         else:
             t += 1.0
         stats = {}
-        comm.submit(lambda: reduce_now(comm, t, auto, "auto", stats)).wait()
+        comm.submit(lambda: run_call(comm, t, auto, "auto", stats)).wait()
         assert torch.equal(t, torch.full_like(t, float(world)) if call >= 3 else _one_hot_sum(world, 30000))
         picks.append((stats["auto"]["choice"], stats["auto"]["measured"]))
     assert [m for _, m in picks] == [True, False, False, True, False, False], picks
@@ -293,7 +294,7 @@ def _run_world(rank, world, with_predict):
     if not with_predict:
         return exactness, None, None
     import zen
-    from zen.prediction import clear_profile
+    from zen.measurement.store import clear_profile
 
     clear_profile()  # measure this group rather than use the profile the exactness run set
     probed = zen.probe_profile(message_bytes=1 << 16, repeats=2)

@@ -1,17 +1,57 @@
-"""``zen.all_reduce``: the entry point with the contract of ``torch.distributed.all_reduce(op=SUM)``."""
+"""``zen.all_reduce``: the entry point with the contract of ``torch.distributed.all_reduce(op=SUM)``, and the
+names it accepts (``zen.SCHEMES``: every registered scheme, and "auto")."""
 import datetime
-import math
 import threading
-from typing import List, Optional, Tuple, Union
+from collections.abc import Sequence
+from typing import Optional, Union
 
 import torch
 
-from . import comm as comm_mod
-from .comm import Comm, MismatchError, get_comm, shape_code
-from .schemes import SCHEMES, make_scheme
-from .schemes.base import Call, Scheme
+from .auto import Auto
+from .schemes import Scheme, registered, scheme_class
+from .schemes.call import run_call
+from .transport import get_comm
 
-_BACKEND_DEVICES = {"gloo": {"cpu"}, "nccl": {"cuda"}, "mpi": {"cpu", "cuda"}}
+
+class _SchemeNames(Sequence):
+    """The names ``zen.all_reduce(scheme=...)`` accepts, read live from the registry: the registered
+    schemes, in registration order, then "auto"."""
+
+    def _names(self):
+        return tuple(registered()) + ("auto",)
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self):
+        return len(self._names())
+
+    def __repr__(self):
+        return repr(self._names())
+
+
+SCHEMES = _SchemeNames()
+_shared_auto = {}  # registered names -> the process's Auto over them
+_shared_lock = threading.Lock()
+
+
+def make_scheme(name: str, **settings) -> Scheme:
+    """A scheme instance; ``settings`` go to its constructor. Raises ValueError on an unknown name.
+
+    "auto" without settings is one instance per process (per set of registered schemes):
+    ``zen.all_reduce`` builds its scheme per call, and auto's history (what it measured and picked, per
+    group and tensor size) must outlive the call."""
+    if name == "auto":
+        if settings:
+            return Auto(**settings)
+        with _shared_lock:
+            key = tuple(registered())
+            if key not in _shared_auto:
+                _shared_auto[key] = Auto()
+            return _shared_auto[key]
+    if name not in registered():
+        raise ValueError(f"unknown scheme {name!r}; allowed: {', '.join(SCHEMES)}")
+    return scheme_class(name)(**settings)
 
 
 class Work:
@@ -40,151 +80,6 @@ class Work:
         return self._future
 
 
-def _code(value, values) -> int:
-    return values.index(value) if value in values else len(values)
-
-
-def inspect_call(tensor, scheme, scheme_name, comm: Comm) -> Tuple[List[int], str]:
-    """The agreement header of a call and, when this rank cannot take part, the reason (the header's
-    ``problem`` field is then non-zero): every rank learns it in the agreement and raises alike."""
-    is_tensor = isinstance(tensor, torch.Tensor)
-    device = tensor.device.type if is_tensor else "cpu"
-    dtype = tensor.dtype if is_tensor else torch.float32
-    settings = getattr(scheme, "agreement_settings", None)
-    header = [
-        tensor.numel() if is_tensor else -1,
-        comm_mod.ALL_DTYPES.index(dtype) if dtype in comm_mod.ALL_DTYPES else -1,
-        shape_code(tensor.shape) if is_tensor else 0,
-        SCHEMES.index(scheme_name) if scheme_name in SCHEMES else -1,
-        (1 if tensor.layout == torch.sparse_coo else 0 if tensor.layout == torch.strided else 2) if is_tensor else 0,
-        _code(device, comm_mod.DEVICE_TYPES),
-        shape_code(settings()) if callable(settings) else 0,
-        0,
-    ]
-    problem, detail = 0, ""
-    if not is_tensor:
-        problem, detail = 5, f"got {type(tensor).__name__}"
-    elif dtype not in comm_mod.DTYPES:
-        problem, detail = 1, f"got {dtype}"
-    elif device not in _BACKEND_DEVICES.get(comm.backend, {device}):
-        problem, detail = 2, (f"a {device} tensor on the {comm.backend} backend, which takes "
-                              f"{', '.join(sorted(_BACKEND_DEVICES[comm.backend]))} tensors")
-    elif scheme is None:
-        problem, detail = 3, f"{scheme_name!r}; allowed: {', '.join(SCHEMES)}"
-    elif tensor.layout not in (torch.strided, torch.sparse_coo):
-        problem, detail = 4, f"got {tensor.layout}"
-    elif tensor.layout == torch.strided and torch._debug_has_internal_overlap(tensor) == 1:
-        problem, detail = 7, f"strides {tensor.stride()} for shape {tuple(tensor.shape)}"
-    header[-1] = problem
-    return header, detail
-
-
-def header_for(tensor: torch.Tensor, scheme: str, comm: Comm) -> list:
-    """The agreement header of a call; ``problem`` != 0 marks what this rank cannot do."""
-    return inspect_call(tensor, object() if scheme in SCHEMES else None, scheme, comm)[0]
-
-
-def reduce_now(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str] = None,
-               stats: Optional[dict] = None):
-    """Run one all-reduce on the calling thread (which must be the group's lane). In place; returns tensor.
-
-    ``scheme``: a scheme instance, or None when ``scheme_name`` named no scheme. Errors: see
-    :mod:`zen.comm` (bad input -> :class:`MismatchError` on every rank; a failure part-way -> the error
-    here, and :class:`BrokenGroupError` for every later call on the group)."""
-    comm.check_usable()
-    if scheme_name is None:
-        scheme_name = getattr(scheme, "name", None)
-    header, detail = inspect_call(tensor, scheme, scheme_name, comm)
-    comm.call_shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
-    if detail:
-        _report(comm, header, detail)
-    if comm.world == 1:
-        return tensor
-    call = Call(comm, header)
-    agreements = comm.agreements
-    try:
-        with torch.no_grad():
-            _reduce(call, scheme, tensor)
-    except MismatchError:
-        raise  # raised by the agreement, alike on every rank: the group is still in step
-    except Exception as error:
-        if comm.agreements == agreements:
-            # Failed before the first exchange (the other ranks wait in it): tell them, so all raise alike.
-            header[-1] = 6
-            _report(comm, header, f"{type(error).__name__}: {error}", error)
-        comm.fail(error)
-        raise
-    except BaseException as error:  # noqa: B036  (KeyboardInterrupt part-way: the protocol is cut)
-        comm.fail(error)
-        raise
-    comm.last_stats = call.stats
-    if stats is not None:
-        stats.update(call.stats)
-    return tensor
-
-
-def _report(comm: Comm, header: List[int], detail: str, cause: Optional[BaseException] = None) -> None:
-    """Take part in the agreement with a problem: it raises the same MismatchError on every rank."""
-    try:
-        comm.agree(header, [], detail)
-    except MismatchError as mismatch:
-        raise mismatch from cause
-    except BaseException as error:  # noqa: B036  (the exchange itself failed: a dead peer, a timeout)
-        comm.fail(error)
-        raise
-    raise AssertionError("unreachable: the agreement raises when a rank reports a problem")
-
-
-def _reduce(call: Call, scheme, tensor: torch.Tensor) -> None:
-    if tensor.numel() == 0:
-        call.agree([])  # nothing to sum; the agreement still checks that every rank has nothing
-    elif tensor.layout == torch.sparse_coo:
-        reduce_sparse_coo(call, scheme, tensor)
-    elif tensor.is_contiguous():
-        scheme.reduce_dense(call, tensor.view(-1))
-    else:
-        flat = tensor.contiguous().view(-1)
-        scheme.reduce_dense(call, flat)
-        tensor.copy_(flat.view(tensor.shape))
-
-
-def sparse_to_flat(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(indices, values) of a coalesced sparse COO tensor over its flat index space: entry (row, column)
-    of its sparse dims x dense dims is flat index row * D + column, D the dense dims' size."""
-    row_numel = math.prod(t.shape[t.sparse_dim():])
-    rows = torch.zeros(t.indices().shape[1], dtype=torch.int64, device=t.device)
-    for dim, size in enumerate(t.shape[:t.sparse_dim()]):
-        rows = rows * size + t.indices()[dim]
-    flat_idx = (rows[:, None] * row_numel + torch.arange(row_numel, device=t.device)).reshape(-1)
-    return flat_idx, t.values().reshape(-1)
-
-
-def reduce_sparse_coo(call: Call, scheme, tensor: torch.Tensor) -> None:
-    """A sparse COO tensor (e.g. the gradient of ``nn.Embedding(sparse=True)``): its entries become flat
-    indices row * D + column over its sparse dims x dense dims, are reduced as COO, and the union is
-    written back into ``tensor`` (still sparse)."""
-    t = tensor.coalesce()
-    sparse_shape = t.shape[:t.sparse_dim()]
-    row_numel = math.prod(t.shape[t.sparse_dim():])
-    flat_idx, flat_val = sparse_to_flat(t)
-    pieces = scheme.reduce_coo(call, flat_idx, flat_val, tensor.numel())
-    idx = torch.cat([p[0].to(torch.int64) for p in pieces]) if pieces else flat_idx[:0]
-    val = torch.cat([p[1] for p in pieces]) if pieces else flat_val[:0]
-    # Back to rows: keep one entry per row (column 0 of the row is not always present after a dense
-    # fallback dropped zeros, so rebuild rows from the flat indices).
-    row_ids = torch.unique(idx // row_numel)
-    values = torch.zeros((row_ids.numel(), row_numel), dtype=val.dtype, device=val.device)
-    values.view(-1)[torch.searchsorted(row_ids, idx // row_numel) * row_numel + idx % row_numel] = val
-    multi = []
-    rest = row_ids
-    for size in reversed(sparse_shape):
-        multi.append(rest % size)
-        rest = rest // size
-    indices = torch.stack(list(reversed(multi))) if multi else row_ids[None]
-    result = torch.sparse_coo_tensor(indices, values.view((-1,) + tuple(t.shape[t.sparse_dim():])), t.shape)
-    tensor.copy_(result.coalesce())
-
-
 def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=None, async_op: bool = False,
                stats: Optional[dict] = None, timeout=None):
     """Sum ``tensor`` over ``group`` in place, like ``torch.distributed.all_reduce(tensor, op=SUM)``.
@@ -199,7 +94,7 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
     device), or a scheme that does, or any rank's bad input (unsupported dtype, device or layout, unknown
     scheme, not a tensor) raises :class:`zen.MismatchError` (a ValueError) naming the rank and the problem,
     and the group stays usable. A dead or stalled peer raises (a RuntimeError from the backend) within the
-    group's timeout, after which the group is broken on that rank (:class:`zen.comm.BrokenGroupError`).
+    group's timeout, after which the group is broken on that rank (:class:`zen.BrokenGroupError`).
 
     ``timeout`` (timedelta or seconds; default: ``group``'s own timeout): bounds zen's collectives on this
     group from this call on. Returns None, or a :class:`Work` handle when ``async_op``. ``stats``, if given,
@@ -221,9 +116,10 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
             instance = make_scheme(scheme)
         except (ValueError, TypeError):
             instance = None  # reported through the agreement, so every rank raises
+    allowed = tuple(SCHEMES)
     is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
     stream = torch.cuda.current_stream(tensor.device) if is_cuda else None
-    future = comm.submit(lambda: reduce_now(comm, tensor, instance, name, stats), stream)
+    future = comm.submit(lambda: run_call(comm, tensor, instance, name, stats, allowed), stream)
     work = Work(future)
     if async_op:
         return work

@@ -9,10 +9,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .collective import reduce_now
-from .comm import get_comm
-from .schemes import SCHEMES, make_scheme
+from .collective import SCHEMES, make_scheme
 from .schemes.balanced import check_settings
+from .schemes.call import run_call
+from .transport import get_comm
 
 
 class ZenState:
@@ -89,7 +89,7 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
 
     def job():
         buffer.div_(comm.world)  # divide before summing: no fp16 overflow, same as DDP's own allreduce
-        reduce_now(comm, buffer, scheme, state.scheme, stats)
+        run_call(comm, buffer, scheme, state.scheme, stats)
         state.last_stats = stats
         return buffer
 

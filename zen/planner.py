@@ -32,8 +32,10 @@ import torch
 
 from . import cost, ops, wire
 from .cost import LOCAL_TIMES, Profile, Workload
-from .prediction import flat_coo, make_profile
-from .schemes.omnireduce import block_bounds
+from .geometry import block_bounds, doubling_groups, flat_coo
+from .measurement.store import make_profile
+from .prediction import predict_times
+from .schemes import registered
 
 _CHUNK = 1 << 22
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -82,7 +84,7 @@ def embedding_workload(rows: int, dim: int, tokens: int, world: int, zipf: float
 
     block_row = per_owner(expected_distinct(block_p, tokens))
     block_union = per_owner(expected_distinct(block_p, world * tokens))
-    levels = [[min(float(numel), growth[len(g)] * nnz) for g in level] for level in cost.doubling_groups(world)]
+    levels = [[min(float(numel), growth[len(g)] * nnz) for g in level] for level in doubling_groups(world)]
     index_size = torch.empty(0, dtype=wire.index_dtype(numel)).element_size()
     return Workload(numel=numel, n=world, nnz=[nnz] * world, union=union,
                     hash_counts=[cost.skewed_loads(nnz, world, lam)] * world,
@@ -94,7 +96,7 @@ def embedding_workload(rows: int, dim: int, tokens: int, world: int, zipf: float
 def workload_from_indices(indices: List[torch.Tensor], numel: int, value_size: int = 4, block_size: int = 256,
                           seed: int = 0, dense_input: bool = True) -> Workload:
     """The exact :class:`zen.cost.Workload` of n ranks whose non-zeros are ``indices[r]`` (unique int64),
-    computed in one process (what ``zen.prediction.measure`` measures on a group)."""
+    computed in one process (what ``zen.measure`` measures on a group)."""
     n = len(indices)
     idx_dtype = wire.index_dtype(numel)
     bounds = torch.tensor(block_bounds(numel, block_size, n), dtype=torch.int64)
@@ -109,7 +111,7 @@ def workload_from_indices(indices: List[torch.Tensor], numel: int, value_size: i
         return torch.unique(torch.cat([indices[r] for r in ranks])) if ranks else torch.empty(0, dtype=torch.int64)
 
     union = union_of(list(range(n)))
-    levels = [[union_of(g).numel() for g in level] for level in cost.doubling_groups(n)]
+    levels = [[union_of(g).numel() for g in level] for level in doubling_groups(n)]
     return Workload(numel=numel, n=n, nnz=[i.numel() for i in indices], union=union.numel(),
                     hash_counts=[hash_loads(i) for i in indices], hash_union=hash_loads(union),
                     doubling_unions=levels, block_counts=[block_loads(i) for i in indices],
@@ -167,8 +169,8 @@ def plan(workloads, names, profile: Profile) -> dict:
     tensors = []
     total = {}
     for name, w in zip(names, workloads):
-        times = cost.predict_times(w, profile)
-        memory = cost.predict_memory(w)
+        times = predict_times(w, profile)
+        memory = cost.predict_memory(w, registered())
         for scheme, t in times.items():
             total[scheme] = total.get(scheme, 0.0) + t
         tensors.append(dict(name=name, numel=w.numel, density=sum(w.nnz) / w.n / w.numel if w.numel else 0.0,

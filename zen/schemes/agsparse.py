@@ -13,9 +13,12 @@ Cost: T = max_r max((n-1) k_r, sum_{q != r} k_q) (s_i + s_v) / b, which is (n-1)
 k_r: it beats dense only when d < 2 s_v / (n (s_i + s_v)). Every rank holds all n pieces at once, which is
 why all-gather based sparse sync runs out of memory as workers grow.
 """
+from typing import Dict
+
 import torch
 
 from .. import ops, wire
+from ..cost import Profile, Workload, terms
 from .base import Call, Scheme
 
 
@@ -50,3 +53,31 @@ class AllGatherSparse(Scheme):
         mean_nnz = sum(nnz) / n
         call.stats.update(union=union_idx.numel(), gamma=union_idx.numel() / mean_nnz if mean_nnz else 0.0)
         return [(union_idx, union_val)]
+
+    # --- cost model ----------------------------------------------------------------------------------
+    @staticmethod
+    def phases(w: Workload, p: Profile) -> Dict[str, float]:
+        """All-gather sparse, phase by phase (the phases a call records): scan; agreement (k_r); gather: the
+        all-to-all of the repeated COO pieces (rank r sends (n-1) k_r (s_i + s_v) and receives
+        sum_{q != r} k_q (s_i + s_v)); sum: unpacking the n pieces and merging all n k pairs (m each); scatter:
+        the write-back of U."""
+        n, k = w.n, w.nnz
+        phases = dict(scan=terms.scan(w, p), agree=terms.agree(1, w, p), gather=0.0, sum=0.0)
+        if n > 1 and sum(k) > 0:
+            send = [(n - 1) * terms.coo(x, w) for x in k]
+            recv = [terms.coo(terms.others(k, r), w) for r in range(n)]
+            phases["gather"] = terms.alltoall(send, recv, terms.coo(max(k), w), w, p)
+            phases["sum"] = n * terms.coo(max(k), w) / p.memory_bandwidth + sum(k) * p.merge_time
+        return dict(phases, scatter=terms.write_back(w.union, w, p))
+
+    @staticmethod
+    def memory(w: Workload) -> float:
+        """Local COO (k_r pairs); the gather: the packed piece, its n copies sent and every rank's piece received
+        (sum k pairs); then the sum: the received pieces, their concatenation, the aggregate's scratch and the
+        union. The gathered pieces grow with n: why all-gather based sync runs out of memory as workers grow."""
+        n, k = w.n, w.nnz
+        total = sum(k)
+        local = max(terms.coo(x, w) for x in k)
+        gather = (n + 1) * local + terms.coo(total, w)
+        reduce = 2 * terms.coo(total, w) + terms.aggregate_bytes(total, w.union, w)
+        return local + max(gather, reduce)

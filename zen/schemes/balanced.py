@@ -13,20 +13,15 @@ With n ranks, M elements, density d, union growth gamma = |U| / (M d) and partit
 each rank sends (n-1)/n * lambda * M d (s_i + s_v) bytes in the push and
 (n-1)/n * lambda * min(gamma M d (s_i + s_v), gamma M d s_v + M / 8) in the pull.
 """
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
 
 from .. import ops, wire
-from ..cost import balanced_bytes, dense_bytes
+from ..cost import Profile, Workload, terms
+from ..geometry import default_probes
 from .base import Call, Scheme
-
-
-def default_probes(device) -> int:
-    """Level-2 probes of the partition when none are set: 3 on GPUs, as in ZEN; 0 (the exact counting sort)
-    on CPUs, where the random table accesses cost more than they save."""
-    return 3 if torch.device(device).type == "cuda" else 0
 
 
 def check_settings(owner: str, num_probes, table_factor, serial_factor, dense_threshold) -> None:
@@ -39,6 +34,11 @@ def check_settings(owner: str, num_probes, table_factor, serial_factor, dense_th
         raise ValueError(f"{owner}: serial_factor must be in [0, 64]; got {serial_factor!r}")
     if dense_threshold is not None and not 0.0 <= dense_threshold <= 1.0:
         raise ValueError(f"{owner}: dense_threshold must be None or in [0, 1]; got {dense_threshold!r}")
+
+
+def _pull_piece(count: float, w: Workload) -> float:
+    """zen's pull piece for |U_j| = count: the smaller of COO and the hash bitmap over I_j (|I_j| ~ M/n)."""
+    return min(terms.coo(count, w), count * w.value_size + w.numel / w.n / 8.0)
 
 
 class BalancedParallelism(Scheme):
@@ -76,8 +76,8 @@ class BalancedParallelism(Scheme):
         mean_density = sum(nnz_per_rank) / (n * numel) if numel else 0.0
         if self.dense_threshold is not None:
             return mean_density > self.dense_threshold
-        sparse = balanced_bytes(numel, mean_density, n, gamma, 1.0, index_size, value_size)
-        return sparse >= dense_bytes(numel, n, value_size)
+        sparse = terms.balanced_bytes(numel, mean_density, n, gamma, 1.0, index_size, value_size)
+        return sparse >= terms.dense_bytes(numel, n, value_size)
 
     def _sync(self, call: Call, indices, values, numel, dense_fallback):
         comm = call.comm
@@ -101,7 +101,7 @@ class BalancedParallelism(Scheme):
                           partition_fallback=int(part_stats[2]))
         if dense_fallback is not None and self._go_dense(nnz, numel, n, si, sv, gamma):
             dist.all_reduce(dense_fallback, group=comm.group)
-            call.stats.update(dense=True, bytes_sent=dense_bytes(numel, n, sv))
+            call.stats.update(dense=True, bytes_sent=terms.dense_bytes(numel, n, sv))
             return []
 
         # 3. push.
@@ -168,3 +168,58 @@ class BalancedParallelism(Scheme):
         index_set = sets[offsets[j]:offsets[j + 1]]
         bitmap, values = wire.unpack_bitmap(buf, count, index_set.numel(), val_dtype)
         return ops.bitmap_decode(bitmap, index_set, count), values
+
+    # --- cost model ----------------------------------------------------------------------------------
+    @staticmethod
+    def phases(w: Workload, p: Profile) -> Dict[str, float]:
+        """Balanced Parallelism, phase by phase (the phases a call records in ``stats["phases"]``): scan;
+        hash partition (e k_r); agreement (n counts); push: packing and the all-to-all (rank r sends its pieces
+        for the other partitions, receives theirs for its own); aggregate (m per received pair); encode
+        (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the sizes' all-gather and the all-to-all
+        of the repeated pieces (COO or hash bitmap, whichever smaller); decode (x_d |U_j| + |I_j| / 8 / mu
+        per bitmap piece, plus the lines of I_j read, :func:`lines_bytes`, at mu); scatter: the write-back of U."""
+        n, c = w.n, w.hash_counts
+        phases = dict(scan=terms.scan(w, p), partition=max(w.nnz) * p.element_time, agree=terms.agree(n, w, p))
+        if n <= 1:
+            return dict(phases, scatter=terms.write_back(w.union, w, p))
+        send = [sum(terms.coo(c[r][j], w) for j in range(n) if j != r) for r in range(n)]
+        recv = [sum(terms.coo(c[q][r], w) for q in range(n) if q != r) for r in range(n)]
+        received = [sum(c[q][r] for q in range(n)) for r in range(n)]
+        largest = max(terms.coo(c[r][j], w) for r in range(n) for j in range(n) if j != r)
+        packing = max(terms.coo(x, w) for x in w.nnz) / p.memory_bandwidth
+        phases["push"] = packing + terms.alltoall(send, recv, largest, w, p)
+        phases["aggregate"] = max(received) * p.merge_time
+        pieces = [_pull_piece(u, w) for u in w.hash_union]
+        bitmap = [x < terms.coo(u, w) for x, u in zip(pieces, w.hash_union)]
+        bitmap_bytes = w.numel / n / 8 / p.memory_bandwidth  # |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read
+        phases["encode"] = max(u * p.encode_time + bitmap_bytes if b else 0.0 for u, b in zip(w.hash_union, bitmap))
+        phases["pull"] = (terms.allgather(3, w, p) + n * max(pieces) / p.memory_bandwidth
+                          + terms.alltoall([(n - 1) * x for x in pieces], [terms.others(pieces, r) for r in range(n)],
+                                           max(pieces), w, p))
+        phases["decode"] = sum(u * p.decode_time + bitmap_bytes + terms.lines_bytes(u, w.numel / n, w.index_size)
+                               / p.memory_bandwidth for u, b in zip(w.hash_union, bitmap) if b)
+        phases["scatter"] = terms.write_back(w.union, w, p)
+        return phases
+
+    @staticmethod
+    def memory(w: Workload) -> float:
+        """Local COO and its partitioned copy (k_r pairs each), the hash tables (2 k_r slots of int64 plus a
+        tenth for the serial memory, order and partition ids: ~30 bytes per pair), the push buffers (send k_r,
+        receive and concatenate R_j pairs), the aggregate's scratch, the union U_j, the repeated pull piece
+        (n + 1 copies), the pulled union U, and the cached index sets I_j (M indices) when the bitmap is used."""
+        n, c = w.n, w.hash_counts
+        worst = 0.0
+        pieces = [_pull_piece(u, w) for u in w.hash_union]
+        bitmap = any(x < terms.coo(u, w) for x, u in zip(pieces, w.hash_union))
+        for r in range(n):
+            k = w.nnz[r]
+            received = sum(c[q][r] for q in range(n))
+            base = 3 * terms.coo(k, w)  # local, partitioned, send
+            partition = 2 * terms.coo(k, w) + (16 + 1.6 + 8 + 4) * k
+            pull = (base + 2 * terms.coo(received, w) + terms.coo(w.hash_union[r], w) + (n + 1) * pieces[r]
+                    + sum(pieces) + w.union * w.index_size)
+            aggregate = base + 2 * terms.coo(received, w) + terms.aggregate_bytes(received, w.hash_union[r], w)
+            worst = max(worst, partition, pull, aggregate)
+        if bitmap:
+            worst += w.numel * w.index_size + 8 * (n + 1)
+        return worst

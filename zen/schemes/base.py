@@ -1,32 +1,39 @@
-"""What every scheme implements.
+"""What every scheme implements: the protocol and, beside it, its cost formulas.
 
-A scheme all-reduces (SUM) one flat tensor over a :class:`zen.comm.Comm`. Its first collective must be
-``call.agree(extra)``: that exchange checks that all ranks called with the same tensor and lets the
-scheme piggyback its own sizes on it (one round trip instead of two).
+A scheme all-reduces (SUM) one flat tensor over a :class:`zen.transport.Comm`. Its first collective must
+be ``call.agree(extra)``: that exchange checks that all ranks called with the same tensor and lets the
+scheme piggyback its own sizes on it (one round trip instead of two). Its formulas predict, from a
+:class:`zen.cost.Workload` and a :class:`zen.cost.Profile`, the seconds of a call (``time``, or the sum of
+``phases``, which name the phases its calls record with ``call.mark``) and its extra memory (``memory``).
 """
 import time
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .. import ops
-from ..comm import Comm
+from .. import agreement, ops
+from ..cost import Profile, Workload
+from ..transport import Comm
 
 Tensor = torch.Tensor
 
 
 @dataclass
 class Call:
-    """One collective call: the group, the agreement header, and the statistics the scheme records."""
+    """One collective call: the group, the agreement header, what names the call in errors (the tensor's
+    shape, the scheme's name), and the statistics the scheme records."""
 
     comm: Comm
     header: List[int]
+    shape: tuple = ()
+    scheme_name: str = ""
     stats: dict = field(default_factory=dict)
     _last_mark: float = field(default_factory=time.perf_counter)
 
     def agree(self, extra: List[int]) -> Tensor:
-        return self.comm.agree(self.header, extra)
+        """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank."""
+        return agreement.agree(self.comm, self.header, extra, shape=self.shape, scheme_name=self.scheme_name)
 
     def mark(self, phase: str) -> None:
         """Charge the time since the previous mark (or the call's start) to ``phase`` in stats["phases"]
@@ -38,7 +45,16 @@ class Call:
 
 
 class Scheme:
+    """The interface. A new scheme overrides :meth:`reduce_coo` (and :meth:`reduce_dense` where it has a
+    better path than extract, reduce, write back), ``phases`` or ``time``, and ``memory``; then
+    ``zen.register_scheme(name, cls)`` makes ``zen.all_reduce(scheme=name)``, ``zen.predict`` and ``auto``
+    use it."""
+
     name = "?"
+
+    def agreement_settings(self) -> Optional[tuple]:
+        """The settings every rank must share because they decide the protocol; checked in the agreement."""
+        return None
 
     def reduce_dense(self, call: Call, flat: Tensor) -> None:
         """Sum ``flat`` (contiguous, 1-D) over the group, in place. Default: extract the non-zeros, reduce
@@ -51,5 +67,26 @@ class Scheme:
 
     def reduce_coo(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> List[Tuple[Tensor, Tensor]]:
         """Sum a sparse tensor given as unique (indices, values) over [0, numel). Returns the union as a
-        list of (indices, values) pieces with disjoint indices."""
+        list of (indices, values) pieces with disjoint indices: every index that is non-zero on any rank,
+        also where the sum is zero (:meth:`reduce_dense` writes only the union back)."""
+        raise NotImplementedError
+
+    # --- the cost model's formulas (static: they describe the protocol, not one instance's state) -------
+    @staticmethod
+    def phases(w: Workload, p: Profile) -> Optional[Dict[str, float]]:
+        """Predicted seconds of each phase a call records (``call.mark``); None for a scheme whose calls
+        record none (then it overrides :meth:`time`)."""
+        return None
+
+    @classmethod
+    def time(cls, w: Workload, p: Profile) -> float:
+        """Predicted seconds of a call: the call's fixed cost and the sum of :meth:`phases`."""
+        phases = cls.phases(w, p)
+        if phases is None:
+            raise NotImplementedError(f"{cls.__name__} declares neither phases nor time")
+        return p.call_overhead + sum(phases.values())
+
+    @staticmethod
+    def memory(w: Workload) -> float:
+        """Predicted extra bytes per rank: the peak of the call's buffers and caches."""
         raise NotImplementedError

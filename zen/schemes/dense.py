@@ -3,6 +3,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
+from ..cost import Profile, Workload, terms
 from .base import Call, Scheme
 
 
@@ -20,3 +21,22 @@ class Dense(Scheme):
         ops.scatter_(dense, indices, values)
         self.reduce_dense(call, dense)
         return [ops.nonzero(dense)]
+
+    # --- cost model ----------------------------------------------------------------------------------
+    @staticmethod
+    def time(w: Workload, p: Profile) -> float:
+        """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b_ar (COO input is densified first and
+        found again after: 2 M s_v / mu, the scatter of k_r into its blocks, f per scan block of the union)."""
+        t = p.call_overhead + terms.agree(0, w, p)
+        if w.n > 1:
+            t += p.fixed("allreduce", w.n) + terms.dense_bytes(w.numel, w.n, w.value_size) / p.rate("allreduce")
+        if not w.dense_input:
+            t += 2 * w.numel * w.value_size / p.memory_bandwidth
+            t += terms.scan_blocks(w.union, terms.spread(sum(w.block_union), w)) * p.found_time
+            t += max(terms.scatter(k, sum(row), w, p) for k, row in zip(w.nnz, w.block_counts))
+        return t
+
+    @staticmethod
+    def memory(w: Workload) -> float:
+        """In place: nothing for a dense tensor; COO input is densified (M s_v) and read back (U pairs)."""
+        return 0.0 if w.dense_input else w.numel * w.value_size + terms.coo(w.union, w)

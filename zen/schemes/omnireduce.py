@@ -16,10 +16,19 @@ the heaviest owner's load over the mean, the heaviest rank moves
 (n-1)/n * (lambda_push K + lambda_pull gamma_b K) * block_size * s_v bytes. Whole blocks travel, so a block
 with one non-zero element costs block_size values.
 """
+from typing import Dict
+
 import torch
 
 from .. import ops, wire
+from ..cost import Profile, Workload, terms
+from ..geometry import block_bounds
 from .base import Call, Scheme
+
+
+def _blocks_piece(count: float, range_blocks: float, w: Workload) -> float:
+    """A BLOCKS piece: bitmap over the owner's range + count whole blocks (empty when count is 0)."""
+    return count * w.block_size * w.value_size + range_blocks / 8.0 if count > 0 else 0.0
 
 
 class OmniReduce(Scheme):
@@ -121,12 +130,51 @@ class OmniReduce(Scheme):
                 out.append((ops.bitmap_decode(bitmap, block_range[bounds[w]:bounds[w + 1]], union_counts[w]), vals))
         return out
 
+    # --- cost model ----------------------------------------------------------------------------------
+    @staticmethod
+    def phases(w: Workload, p: Profile) -> Dict[str, float]:
+        """OmniReduce, phase by phase (the phases a call records): scan: the non-zeros, their block ids (e per
+        non-zero) and a copy of the K non-zero blocks; agreement (n counts); push: the all-to-all of BLOCKS
+        pieces to the owners; sum: the owners' sums (2 B s_v / mu per received block); pull: the pull-size
+        all-gather, the owner's piece repeated n times and the all-to-all of every owner's summed blocks;
+        scatter: the write-back of the union blocks."""
+        n, c, bs, sv = w.n, w.block_counts, w.block_size, w.value_size
+        bounds = block_bounds(w.numel, bs, n)
+        ranges = [bounds[j + 1] - bounds[j] for j in range(n)]
+        blocks = [sum(row) for row in c]
+        phases = dict(scan=terms.scan(w, p) + max(w.nnz) * p.element_time + max(blocks) * bs * sv / p.memory_bandwidth,
+                      agree=terms.agree(n, w, p), push=0.0, sum=0.0, pull=0.0)
+        if n > 1 and sum(blocks) > 0:
+            send = [sum(_blocks_piece(c[r][j], ranges[j], w) for j in range(n) if j != r) for r in range(n)]
+            recv = [sum(_blocks_piece(c[q][r], ranges[r], w) for q in range(n) if q != r) for r in range(n)]
+            received = [sum(c[q][r] for q in range(n)) for r in range(n)]
+            largest = max(_blocks_piece(c[r][j], ranges[j], w) for r in range(n) for j in range(n) if j != r)
+            phases["push"] = terms.alltoall(send, recv, largest, w, p)
+            phases["sum"] = max(received) * 2 * bs * sv / p.memory_bandwidth
+            pieces = [_blocks_piece(u, ranges[j], w) for j, u in enumerate(w.block_union)]
+            phases["pull"] = (terms.allgather(1, w, p) + n * max(pieces) / p.memory_bandwidth
+                              + terms.alltoall([(n - 1) * x for x in pieces],
+                                               [terms.others(pieces, r) for r in range(n)], max(pieces), w, p))
+        union_values = sum(w.block_union) * bs
+        phases["scatter"] = union_values * (sv / p.memory_bandwidth + (0.0 if w.dense_input else p.write_time))
+        return phases
 
-def block_bounds(numel: int, block_size: int, n: int) -> list:
-    """Owner w holds blocks [bounds[w], bounds[w + 1]) of the B = ceil(numel / block_size) blocks:
-    bounds[w] = w B // n. The one contiguous ownership rule (scheme, cost model and predictions)."""
-    num_blocks = -(-numel // block_size)
-    return [w * num_blocks // n for w in range(n + 1)]
+    @staticmethod
+    def memory(w: Workload) -> float:
+        """Local COO and block ids, the K gathered blocks (twice: gathered and packed), the received blocks,
+        the owner's summed blocks, the repeated pull piece (n + 1 copies) and the pulled union blocks."""
+        n, c, bs, sv = w.n, w.block_counts, w.block_size, w.value_size
+        num_blocks = -(-w.numel // bs)
+        worst = 0.0
+        for r in range(n):
+            blocks = sum(c[r])
+            received = sum(c[q][r] for q in range(n))
+            own = w.block_union[r]
+            local = terms.coo(w.nnz[r], w) + 8 * blocks + 8 * num_blocks
+            worst = max(worst, local + 2 * blocks * bs * sv + received * bs * sv,
+                        local + blocks * bs * sv + received * bs * sv + (n + 2) * own * bs * sv
+                        + sum(w.block_union) * bs * sv)
+        return worst
 
 
 def _split_tail(numel: int, ids: torch.Tensor, block_size: int):

@@ -16,20 +16,14 @@ receiver cannot know carry a step header [count, format] first (``wire.step_head
 Cost (ZEN Eq. 2, power-of-two n): T = sum_{i=1..log2 n} min(gamma(2^(i-1)) M d (s_i + s_v), M s_v) / b plus
 2 log2 n latencies; the messages grow with the union, so densification hurts every step.
 """
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from .. import ops, wire
+from ..cost import Profile, Workload, terms
+from ..geometry import doubling_plan
 from .base import Call, Scheme
-
-
-def doubling_plan(n: int) -> Tuple[int, int]:
-    """(p, steps): the largest power of two p <= n and log2 p. Ranks p..n-1 fold into ranks 0..n-p-1."""
-    p = 1
-    while 2 * p <= n:
-        p *= 2
-    return p, p.bit_length() - 1
 
 
 class _Sum:
@@ -50,6 +44,11 @@ class _Sum:
 
     def pack(self) -> torch.Tensor:
         return wire.pack_dense(self.dense) if self.dense is not None else wire.pack_coo(self.indices, self.values)
+
+
+def _message(count: float, w: Workload) -> float:
+    """SparCML's message for a running union of ``count``: COO while smaller than dense, then dense."""
+    return min(terms.coo(count, w), w.numel * w.value_size)
 
 
 class SparCML(Scheme):
@@ -182,3 +181,63 @@ class SparCML(Scheme):
             mean_nnz = sum(nnz) / n
             call.stats.update(union=running.count, gamma=running.count / mean_nnz if mean_nnz else 0.0)
         return running
+
+    # --- cost model ----------------------------------------------------------------------------------
+    @staticmethod
+    def phases(w: Workload, p: Profile) -> Dict[str, float]:
+        """SparCML, phase by phase (the phases a call records): scan; agreement (k_r); exchange: the fold of
+        the n - 2^L extra ranks, L = floor(log2 n) doubling steps, step s packing and moving the largest
+        running union of level s (COO, or dense past break-even; its bytes / mu + its bytes / b_p2p) plus a
+        step header where the size is not known, and the unfold of the union; merge: the two sums' pairs
+        concatenated (their bytes / mu) and merged at m_2 per pair (two ascending runs), or dense adds
+        (2 M s_v / mu); scatter: the write-back of the union (a copy, M s_v / mu, once it is dense)."""
+        n, k = w.n, w.nnz
+        pw, steps = doubling_plan(n)
+        folded = n - pw
+        dense_bytes_ = w.numel * w.value_size
+        phases = dict(scan=terms.scan(w, p), agree=terms.agree(1, w, p), exchange=0.0, merge=0.0)
+
+        def merge(a, b):
+            both = a + b
+            if _message(a, w) >= dense_bytes_ or _message(b, w) >= dense_bytes_:
+                return 2 * dense_bytes_ / p.memory_bandwidth
+            return (terms.coo(both, w) / p.memory_bandwidth + both * p.merge2_time
+                    + (dense_bytes_ / p.memory_bandwidth if terms.coo(both, w) > dense_bytes_ else 0.0))
+
+        def send(message_bytes):  # packed, then sent
+            return message_bytes / p.memory_bandwidth + message_bytes / p.rate("p2p")
+
+        if folded:
+            phases["exchange"] += p.fixed("p2p", n) + max(send(_message(k[pw + i], w)) for i in range(folded))
+            phases["merge"] += max(merge(k[i], k[pw + i]) for i in range(folded))
+        for s in range(steps):
+            level = w.doubling_unions[s]
+            headers = 1 if (s > 0 or folded) else 0
+            phases["exchange"] += (1 + headers) * p.fixed("p2p", n) + max(send(_message(u, w)) for u in level)
+            phases["merge"] += max(merge(level[g], level[g ^ 1]) for g in range(len(level)))
+        if folded:
+            phases["exchange"] += 2 * p.fixed("p2p", n) + send(_message(w.union, w))
+        dense_out = _message(w.union, w) >= dense_bytes_
+        # copy out (dense input) or find the non-zeros (COO) of a dense union; else write the union back
+        phases["scatter"] = dense_bytes_ / p.memory_bandwidth if dense_out else terms.write_back(w.union, w, p)
+        return phases
+
+    @staticmethod
+    def memory(w: Workload) -> float:
+        """At each merge of running sums a (this rank's) and b (the partner's): a, the received b, their
+        concatenation, the aggregate's scratch and the merged sum (COO); a merge with a dense side holds three
+        dense sums of M s_v. Merges: the fold (rank p + i into core rank i), then one per doubling step."""
+        dense = w.numel * w.value_size
+        k, levels = w.nnz, w.doubling_unions
+        pw = len(levels[0])  # core ranks
+        merges = [(k[i], k[pw + i], levels[0][i]) for i in range(w.n - pw)]
+        merges += [(level[g], level[g ^ 1], levels[s + 1][g >> 1]) for s, level in enumerate(levels[:-1])
+                   for g in range(len(level))]
+        worst = max(terms.coo(x, w) for x in k)
+        for a, b, merged in merges:
+            if _message(a, w) >= dense or _message(b, w) >= dense or terms.coo(merged, w) > dense:
+                worst = max(worst, 3 * dense)
+            else:
+                merging = terms.coo(a, w) + terms.coo(b, w) + terms.coo(a + b, w)
+                worst = max(worst, merging + terms.aggregate_bytes(a + b, merged, w))
+        return worst

@@ -1,5 +1,5 @@
-"""Per-process-group state: zen's private copy of the group, the agreed seed, the ordered lane of work,
-the cache of hash-bitmap index sets, and the agreement step that makes every rank fail alike.
+"""Transport: zen's private copy of a process group, its agreed seed, its ordered lane of work, the
+primitives every scheme is written in, and the cache of hash-bitmap index sets. Transport knows no scheme.
 
 Why a private group: zen runs collectives from a worker thread (so communication overlaps backward);
 sharing the user's group with the main thread (DDP's own collectives, the user's) could interleave
@@ -7,26 +7,20 @@ differently on different ranks. Its timeout is the user's group's (or the one gi
 a dead or stalled peer surfaces within the timeout the user chose. On gloo there are two such groups: gloo
 carries a pair's messages on one socket and moves them one direction at a time, so zen sends from the lower
 group rank to the higher on one group and back on the other (a pair then exchanges at the full link rate
-each way, not half of it). Why one worker thread per group (the
-lane): every rank must issue its collectives in the same order, and a FIFO of jobs keeps the order in
-which they were submitted.
+each way, not half of it). Why one worker thread per group (the lane): every rank must issue its
+collectives in the same order, and a FIFO of jobs keeps the order in which they were submitted.
 
-How failures surface:
-
-* Bad input on any rank (an unsupported dtype, device or layout, an unknown scheme, a tensor that differs
-  across ranks, an error a rank hits before the first exchange) travels in the agreement all-gather, so
-  every rank raises the same :class:`MismatchError` and the group stays usable.
-* A failure after the agreement (a peer died, a timeout, a corrupt buffer) leaves the ranks at different
-  points of the protocol. The rank that sees it raises it, and the group is then *broken* on that rank:
-  every later call on it raises :class:`BrokenGroupError` at once, queued calls included, instead of
-  waiting behind a protocol that can no longer line up.
+A failure part-way through a collective (a peer died, a timeout, a corrupt buffer) leaves the ranks at
+different points of the protocol. The rank that sees it raises it, and the group is then *broken* on that
+rank: every later call on it raises :class:`BrokenGroupError` at once, queued calls included, instead of
+waiting behind a protocol that can no longer line up. (Bad input is caught earlier, by the agreement:
+:mod:`zen.agreement`.)
 """
 import atexit
 import datetime
 import os
 import queue
 import threading
-import zlib
 from collections import OrderedDict
 from typing import List, Optional, Tuple
 
@@ -34,63 +28,15 @@ import torch
 import torch.distributed as dist
 
 from . import ops, wire
-
-# Codes carried by the agreement header; the order of these lists is part of zen's protocol.
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
-# Every other dtype gets a code too (after the supported ones), only so that errors can name it.
-ALL_DTYPES = DTYPES + [getattr(torch, name) for name in (
-    "bool", "int8", "uint8", "int16", "uint16", "uint32", "uint64", "complex32", "complex64", "complex128",
-    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "qint8", "quint8", "qint32")
-    if isinstance(getattr(torch, name, None), torch.dtype)]
-DEVICE_TYPES = ["cpu", "cuda", "meta", "xpu", "mps", "hpu", "mtia", "privateuseone", "xla", "lazy"]
-PROBLEMS = {
-    1: "unsupported dtype (zen sums float32, float64, float16, bfloat16, int32 and int64)",
-    2: "tensor device not supported by the process group's backend",
-    3: "unknown scheme",
-    4: "unsupported layout (zen takes strided tensors and sparse COO tensors)",
-    5: "not a tensor",
-    6: "failed before the exchange",
-    7: "tensor has overlapping memory (e.g. from expand()); the sum cannot be written back into it",
-}
-HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "device", "settings", "problem"]
-_PROBLEM = HEADER_FIELDS.index("problem")
-# The agreement row is header + [len(extra)] + world + _SLACK slots: the same length on every rank, whatever
-# the scheme and whether the rank has a problem (then the slots carry its message), so that a bad call on
-# one rank can never desynchronise the all-gather itself.
-_SLACK = 8
+from .geometry import duplex_all_to_all
 
 # torch renamed all_gather_into_tensor to all_gather_single.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class MismatchError(ValueError):
-    """Raised on every rank when the ranks called a zen collective with disagreeing tensors or arguments, or
-    when any rank could not take part (bad dtype, device, scheme...). The group stays usable."""
-
-
 class BrokenGroupError(RuntimeError):
     """Raised by every zen call on a group after a collective on it failed part-way on this rank (a peer
     died, a timeout, a corrupt buffer): the ranks may be out of step, so the group is not used again."""
-
-
-# On gloo, all-to-alls whose largest message reaches DUPLEX_ALL_TO_ALL_BYTES go as point-to-point messages
-# over the two direction groups; smaller ones as gloo's own all-to-all, whose fixed cost is lower (4 ranks
-# on loopback, 16 KiB per peer: 1.6 ms against 3.7 ms; 8 ranks on 2 cores at 1 Gbit/s, 32-256 KiB: 0.7-0.85x
-# the duplex time). Between two ranks gloo's own moves the pair's two pieces one direction at a time
-# (100 Mbit/s, 32-256 KiB: 1.75-1.85x the duplex time), so there the duplex transport, one message each
-# way, takes over from DUPLEX_PAIR_BYTES.
-DUPLEX_ALL_TO_ALL_BYTES = 512 << 10
-DUPLEX_PAIR_BYTES = 16 << 10
-
-
-def duplex_all_to_all(n: int, largest: int) -> bool:
-    """Whether :meth:`Comm.all_to_all` sends an all-to-all of n ranks whose largest piece is ``largest``
-    bytes as point-to-point messages over the two direction groups (on gloo; the cost model's rule too)."""
-    return largest >= (DUPLEX_PAIR_BYTES if n == 2 else DUPLEX_ALL_TO_ALL_BYTES)
-
-
-def shape_code(shape) -> int:
-    return zlib.crc32(repr(tuple(shape)).encode())
 
 
 def group_timeout(group) -> Optional[datetime.timedelta]:
@@ -132,19 +78,6 @@ def _private_group(group, ranks: List[int], backend, timeout, suffix: str = "") 
                    timeout=timeout or default_timeout, group_desc="zen")
     c10d._world.pg_group_ranks[pg] = {global_rank: i for i, global_rank in enumerate(ranks)}
     return pg
-
-
-def encode_text(text: str, slots: int) -> List[int]:
-    """``text`` (UTF-8, cut to fit) as ``slots`` int64s, zero-padded: how a rank's error message rides
-    in the agreement row."""
-    data = text.encode("utf-8", "replace")[:8 * slots]
-    data += b"\0" * (8 * slots - len(data))
-    return [int.from_bytes(data[8 * i:8 * i + 8], "little", signed=True) for i in range(slots)]
-
-
-def decode_text(values: List[int]) -> str:
-    data = b"".join(int(v).to_bytes(8, "little", signed=True) for v in values)
-    return data.rstrip(b"\0").decode("utf-8", "replace")
 
 
 class Lane:
@@ -200,7 +133,6 @@ class Comm:
         self.last_stats = {}
         self.agreements = 0  # agreement exchanges started on this rank (tells a pre-exchange failure apart)
         self.broken: Optional[str] = None
-        self.call_shape = None  # shape of the tensor of the call on the lane (names a shape mismatch)
 
     def set_timeout(self, timeout) -> None:
         """Timeout of zen's private group for the collectives started from now on."""
@@ -243,55 +175,13 @@ class Comm:
                 f"zen: this process group is unusable on this rank (group rank {self.rank}): an earlier zen collective on it failed "
                 f"part-way ({self.broken}); the ranks may be out of step. Create a new process group to go on.")
 
-    # --- agreement ----------------------------------------------------------------------------------
-    def agree(self, header: List[int], extra: List[int], detail: str = "") -> torch.Tensor:
-        """All-gather ``header + extra`` of every rank; raise the same error on every rank if the headers
-        disagree or any rank reported a problem (``detail``: its message, sent in place of ``extra``).
-        Returns the ``extra`` columns, one row per rank.
-
-        The row has the same length on every rank (``extra`` is padded to world + 8 slots; a longer
-        ``extra`` takes a second all-gather, decided from the gathered lengths, so alike on all ranks)."""
-        extra = [int(v) for v in extra]
-        capacity = self.world + _SLACK
-        slots = encode_text(detail, capacity) if detail else extra[:capacity] + [0] * max(0, capacity - len(extra))
-        self.agreements += 1
-        rows = self.all_gather_rows(list(header) + [len(extra)] + slots)
-        width = len(header)
-        headers = rows[:, :width].tolist()
-        details = [decode_text(rows[r, width + 1:].tolist()) if headers[r][_PROBLEM] else ""
-                   for r in range(self.world)]
-        try:
-            check_headers(headers, details)
-        except MismatchError as error:
-            if getattr(error, "field", None) == "shape" and self.call_shape is not None:
-                # Every rank saw the same rows, so every rank takes this extra exchange: name the shapes.
-                raise MismatchError(self._describe_shapes()) from None
-            raise
-        lengths = rows[:, width].tolist()
-        if len(set(lengths)) > 1:
-            raise MismatchError(f"zen.all_reduce: the ranks' schemes exchanged different agreement lengths {lengths}")
-        out = rows[:, width + 1:width + 1 + min(lengths[0], capacity)]
-        if lengths[0] > capacity:
-            out = torch.cat([out, self.all_gather_rows(extra[capacity:])], dim=1)
-        return out
-
-    def _describe_shapes(self) -> str:
-        shape = list(self.call_shape)[:15]
-        rows = self.all_gather_rows([len(self.call_shape)] + shape + [0] * (15 - len(shape))).tolist()
-        by_shape = OrderedDict()
-        for rank, row in enumerate(rows):
-            dims = row[1:1 + min(row[0], 15)]
-            text = "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + (", ...)" if row[0] > 15 else ")")
-            by_shape.setdefault(text, []).append(rank)
-        return ("zen.all_reduce: tensors or arguments differ across ranks: shape is "
-                + "; ".join(f"{text} on ranks {ranks}" for text, ranks in by_shape.items()))
-
+    # --- primitives -------------------------------------------------------------------------------
     def all_gather_rows(self, row: List[int]) -> torch.Tensor:
         """Every rank's ``row`` of int64s (all rows of the same length), as a CPU tensor [world, len].
 
         On gloo the rows go as one all-to-all (every rank sends its row to every peer at once): gloo's
         all-gather is a ring of n-1 dependent steps, and for rows this small the steps' latency is all
-        there is (4 ranks on loopback: 1.7 ms against 5 ms; 8 ranks: 6 ms against 14 ms)."""
+        there is."""
         mine = torch.tensor(row, dtype=torch.int64, device=self.device)
         rows = torch.empty(self.world * mine.numel(), dtype=torch.int64, device=self.device)
         if self.backend == "gloo":
@@ -310,9 +200,8 @@ class Comm:
         once. Empty tensors are not sent (both sides know). Sender and receiver must agree on each message's
         byte size (not on its dtype).
 
-        On gloo each direction of a pair has its own group (two ranks swapping 16 MiB over 1 Gbit/s links:
-        117 MB/s each way, against 59 MB/s on one group); elsewhere they go as one ``batch_isend_irecv`` (so
-        NCCL can pair them)."""
+        On gloo each direction of a pair has its own group (one group would move the pair's two messages one
+        direction at a time); elsewhere they go as one ``batch_isend_irecv`` (so NCCL can pair them)."""
         sends = [(peer, _as_bytes(tensor)) for peer, tensor in sends if tensor.numel()]
         recvs = [(peer, _as_bytes(tensor)) for peer, tensor in recvs if tensor.numel()]
         if self.reverse_group is not None:
@@ -334,8 +223,7 @@ class Comm:
         On gloo, from ``DUPLEX_ALL_TO_ALL_BYTES`` on (``DUPLEX_PAIR_BYTES`` between two ranks:
         :func:`duplex_all_to_all`), the pieces go as point-to-point messages over the two direction groups,
         in a staggered order (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ... so no rank is
-        everyone's first peer): 2 ranks at 1 Gbit/s, 4 MiB each way: 39 ms against gloo's own all-to-all's
-        70 ms; 4 ranks: 133 against 196 ms; 8 ranks: 313 against 362 ms."""
+        everyone's first peer)."""
         if self.reverse_group is None or not duplex_all_to_all(self.world, largest):
             dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
             return
@@ -367,49 +255,6 @@ class Comm:
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
-
-
-def check_headers(headers: List[List[int]], details: Optional[List[str]] = None) -> None:
-    """Raise :class:`MismatchError` (identically on every rank, since all see the same rows) when a rank
-    reported a problem or the ranks' tensors differ."""
-    from .schemes import SCHEMES
-
-    problems = []
-    for rank, header in enumerate(headers):
-        problem = header[_PROBLEM]
-        if problem:
-            detail = details[rank] if details else ""
-            problems.append(f"rank {rank}: {PROBLEMS.get(problem, f'problem {problem}')}"
-                            + (f": {detail}" if detail else ""))
-    if problems:
-        raise MismatchError("zen.all_reduce: " + "; ".join(problems))
-    for field_index, field in enumerate(HEADER_FIELDS):
-        values = [h[field_index] for h in headers]
-        if len(set(values)) > 1:
-            by_value = OrderedDict()
-            for rank, value in enumerate(values):
-                by_value.setdefault(value, []).append(rank)
-            parts = [f"{describe(field, v, SCHEMES)} on ranks {r}" for v, r in by_value.items()]
-            error = MismatchError(f"zen.all_reduce: tensors or arguments differ across ranks: {field} is "
-                                  + "; ".join(parts))
-            error.field = field
-            raise error
-
-
-def describe(field: str, value: int, schemes) -> str:
-    if field == "dtype":
-        return str(ALL_DTYPES[value]) if 0 <= value < len(ALL_DTYPES) else "an unsupported dtype"
-    if field == "scheme":
-        return repr(schemes[value]) if 0 <= value < len(schemes) else "an unknown scheme"
-    if field == "layout":
-        return {0: "strided", 1: "sparse_coo"}.get(value, "another layout")
-    if field == "device":
-        return DEVICE_TYPES[value] if 0 <= value < len(DEVICE_TYPES) else "another device"
-    if field == "shape":
-        return f"shape#{value:08x}"
-    if field == "settings":
-        return f"settings#{value:08x}"
-    return str(value)
 
 
 _comms = {}

@@ -2,13 +2,13 @@
 re-checked as densities drift.
 
 For each (group, tensor size M), calls c with c % recheck < warmup are measuring calls: the scheme
-measures the workload (``zen.prediction.measure_now``: nnz, hash and block loads, the exact union by bitmap
+measures the workload (``zen.measurement.workload.measure_now``: nnz, hash and block loads, the exact union by bitmap
 doubling; plus, once per group, the profile probe unless ``zen.set_profile`` gave one), predicts every
 candidate's time (``zen.cost.predict_times``) and reduces with the smallest mean prediction over the
-measuring calls of the current window. The model's error (10-30% on a noisy host) exceeds the gap between
+measuring calls of the current window. The model's error on a noisy host exceeds the gap between
 the best schemes where they nearly tie, so the next calls are trials: every candidate predicted within
 ``trial_margin`` times the best runs ``trials`` calls (interleaved), each timed from the last rank's start
-to the last one's end (one all-gather of three int64 per trial call; ``zen.prediction.call_seconds``),
+to the last one's end (one all-gather of three int64 per trial call; ``zen.measurement.timing.call_seconds``),
 and the pick is the smallest median time (a median of 3 by default: a scheme's first call may pay one-off
 costs, such as zen's index sets I_j). Other calls go straight to the pick. Every number a decision uses
 was exchanged (rank 0's profile, everyone's counts, the calls' times), so all ranks pick the same.
@@ -27,10 +27,13 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from .. import ops
-from .base import Call, Scheme
-
-CANDIDATES = ("dense", "agsparse", "sparcml", "omnireduce", "zen")
+from . import ops
+from .cost import choose, predict_times
+from .measurement.probe import probe_now
+from .measurement.store import cached_profile, set_profile
+from .measurement.timing import call_seconds, clock_id
+from .measurement.workload import measure_now
+from .schemes import Call, Scheme, registered
 
 
 class _History:
@@ -45,23 +48,27 @@ class _History:
 class Auto(Scheme):
     name = "auto"
 
-    def __init__(self, candidates: Sequence[str] = CANDIDATES, warmup: int = 1, recheck: int = 100,
+    def __init__(self, candidates: Optional[Sequence[str]] = None, warmup: int = 1, recheck: int = 100,
                  block_size: int = 256, profile=None, trials: int = 3, trial_margin: float = 1.5):
-        """``warmup`` measuring calls every ``recheck`` calls (per group and tensor size); then ``trials`` timed
+        """``candidates``: the registered schemes to pick from (default: all of them, as registered now);
+        ``warmup`` measuring calls every ``recheck`` calls (per group and tensor size); then ``trials`` timed
         calls of every candidate predicted within ``trial_margin`` times the best (0 trials: the model's pick
         alone); ``block_size``: OmniReduce's; ``profile``: a :class:`zen.cost.Profile` to use instead of the
         group's set or probed one (rank 0's counts)."""
-        from . import make_scheme
-
-        candidates = tuple(candidates)
+        schemes = registered()
+        candidates = tuple(schemes) if candidates is None else tuple(candidates)
         if not candidates or "auto" in candidates:
             raise ValueError(f"auto: candidates must be non-empty and exclude 'auto'; got {candidates!r}")
+        unknown = [name for name in candidates if name not in schemes]
+        if unknown:
+            raise ValueError(f"auto: unknown candidate(s) {', '.join(map(repr, unknown))}; registered: "
+                             f"{', '.join(schemes)}")
         if not isinstance(warmup, int) or not isinstance(recheck, int) or not 1 <= warmup <= recheck:
             raise ValueError(f"auto: need ints 1 <= warmup <= recheck; got warmup={warmup!r}, recheck={recheck!r}")
         if not isinstance(trials, int) or trials < 0 or not trial_margin >= 1.0:
             raise ValueError(f"auto: need an int trials >= 0 and trial_margin >= 1; got trials={trials!r}, "
                              f"trial_margin={trial_margin!r}")
-        self.schemes = {name: make_scheme(name, **({"block_size": block_size} if name == "omnireduce" else {}))
+        self.schemes = {name: schemes[name](**({"block_size": block_size} if name == "omnireduce" else {}))
                         for name in candidates}
         self.warmup, self.recheck, self.block_size, self.profile = warmup, recheck, block_size, profile
         self.trials, self.trial_margin = trials, trial_margin
@@ -108,9 +115,6 @@ class Auto(Scheme):
 
     def _pick(self, call: Call, numel: int, coo) -> str:
         """The scheme for this call: the model's pick on measuring calls, the next trial, or the pick."""
-        from ..cost import choose, predict_times
-        from ..prediction import cached_profile, measure_now, set_profile
-
         comm = call.comm
         with self._lock:
             history = self._history.setdefault((comm, numel), _History())
@@ -126,10 +130,11 @@ class Auto(Scheme):
             return history.choice
         indices, values, dense_input = coo()
         own = self.profile or cached_profile(comm.user_group)
-        workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input, self.block_size, own)
+        workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input, self.block_size, own,
+                                        probe=lambda: probe_now(comm))
         if own is None:  # keep the agreed profile: the probe runs once per group
             set_profile(comm.user_group, profile)
-        times = predict_times(workload, profile, list(self.schemes))
+        times = predict_times(workload, profile, {name: type(scheme) for name, scheme in self.schemes.items()})
         if phase == 0:
             history.window = []
         history.window.append(times)
@@ -142,10 +147,8 @@ class Auto(Scheme):
         return history.choice
 
     def _timed(self, call: Call, numel: int, name: str, start: float) -> None:
-        """After a trial call: record its time on the group (``zen.prediction.call_seconds``: from the last
+        """After a trial call: record its time on the group (``zen.measurement.timing.call_seconds``: from the last
         rank's start to the last one's end); after the last trial, pick the smallest median."""
-        from ..prediction import call_seconds, clock_id
-
         if not call.stats["auto"].get("trial"):
             return
         end = time.perf_counter()

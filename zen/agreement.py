@@ -1,0 +1,238 @@
+"""The agreement: the first exchange of every zen call, which makes every rank fail alike.
+
+Every rank all-gathers one row: its call's header (what it was asked to sum: numel, dtype, shape, scheme,
+layout, device, the scheme's settings, and a :class:`Problem` code when it cannot take part), then the
+scheme's own numbers (its sizes, piggybacked so the call needs one round trip, not two). Every rank sees
+the same rows, so every rank makes the same decision:
+
+* any rank reported a problem (an unsupported dtype, device or layout, an unknown scheme, an error it hit
+  before the exchange): every rank raises the same :class:`MismatchError`, naming the rank and the problem;
+* the headers differ (a tensor or an argument that differs across ranks): the same, naming the field and
+  which ranks had which value;
+* else the call goes on, in step.
+
+The group stays usable after a :class:`MismatchError`. The row's length never depends on the scheme or
+on the problem (the scheme's numbers are padded to ``world + SLACK`` slots; a rank with a problem sends its
+message as text in those slots), so a bad call on one rank cannot desynchronise the all-gather itself.
+"""
+import enum
+import zlib
+from collections import OrderedDict
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+# Codes carried by the header; the order of these lists is part of zen's protocol.
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+# Every other dtype gets a code too (after the supported ones), only so that errors can name it.
+ALL_DTYPES = DTYPES + [getattr(torch, name) for name in (
+    "bool", "int8", "uint8", "int16", "uint16", "uint32", "uint64", "complex32", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "qint8", "quint8", "qint32")
+    if isinstance(getattr(torch, name, None), torch.dtype)]
+DEVICE_TYPES = ["cpu", "cuda", "meta", "xpu", "mps", "hpu", "mtia", "privateuseone", "xla", "lazy"]
+LAYOUTS = {0: "strided", 1: "sparse_coo"}
+BACKEND_DEVICES = {"gloo": {"cpu"}, "nccl": {"cuda"}, "mpi": {"cpu", "cuda"}}
+
+HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "device", "settings", "problem"]
+# Slots after header + [len(extra)] beyond one per rank: a rank's problem message has room even at n = 1.
+SLACK = 8
+_TEXT_SLOTS = 32  # int64 slots of the text exchanged to name a shape or a scheme that differs
+
+
+class Problem(enum.IntEnum):
+    """Why a rank cannot take part in a call; 0 (NONE) when it can."""
+
+    NONE = 0
+    DTYPE = 1
+    DEVICE = 2
+    SCHEME = 3
+    LAYOUT = 4
+    NOT_A_TENSOR = 5
+    FAILED_BEFORE_EXCHANGE = 6
+    OVERLAP = 7
+
+    @property
+    def message(self) -> str:
+        return {
+            Problem.DTYPE: "unsupported dtype (zen sums float32, float64, float16, bfloat16, int32 and int64)",
+            Problem.DEVICE: "tensor device not supported by the process group's backend",
+            Problem.SCHEME: "unknown scheme",
+            Problem.LAYOUT: "unsupported layout (zen takes strided tensors and sparse COO tensors)",
+            Problem.NOT_A_TENSOR: "not a tensor",
+            Problem.FAILED_BEFORE_EXCHANGE: "failed before the exchange",
+            Problem.OVERLAP: "tensor has overlapping memory (e.g. from expand()); the sum cannot be written "
+                             "back into it",
+        }.get(self, "no problem")
+
+
+_PROBLEM = HEADER_FIELDS.index("problem")
+
+
+def row_ints(n: int, extra: int) -> int:
+    """int64s per rank in the agreement's all-gather of a scheme sending ``extra`` numbers: the header,
+    their count and max(extra, n + SLACK) slots (what the cost model charges for it)."""
+    return len(HEADER_FIELDS) + 1 + max(extra, n + SLACK)
+
+
+class MismatchError(ValueError):
+    """Raised on every rank when the ranks called a zen collective with disagreeing tensors or arguments, or
+    when any rank could not take part (bad dtype, device, scheme...). The group stays usable."""
+
+
+def text_code(value) -> int:
+    """A 32-bit code of ``value``'s repr: how a shape, a scheme name or a scheme's settings ride in the header."""
+    return zlib.crc32(repr(value).encode())
+
+
+def shape_code(shape) -> int:
+    return text_code(tuple(shape))
+
+
+def encode_text(text: str, slots: int) -> List[int]:
+    """``text`` (UTF-8, cut to fit) as ``slots`` int64s, zero-padded: how a rank's error message rides
+    in the agreement row."""
+    data = text.encode("utf-8", "replace")[:8 * slots]
+    data += b"\0" * (8 * slots - len(data))
+    return [int.from_bytes(data[8 * i:8 * i + 8], "little", signed=True) for i in range(slots)]
+
+
+def decode_text(values: List[int]) -> str:
+    data = b"".join(int(v).to_bytes(8, "little", signed=True) for v in values)
+    return data.rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _code(value, values) -> int:
+    return values.index(value) if value in values else len(values)
+
+
+def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend: str,
+                 allowed: Sequence[str] = ()) -> Tuple[List[int], str]:
+    """The header of a call and, when this rank cannot take part, the reason (the header's ``problem``
+    field is then non-zero): every rank learns it in the agreement and raises alike.
+
+    ``known_scheme``: whether ``scheme_name`` names a scheme this rank can run (``allowed``: the names it
+    can, for the error); ``settings``: the scheme's settings that decide its protocol (a tuple, or None),
+    which every rank must share."""
+    is_tensor = isinstance(tensor, torch.Tensor)
+    device = tensor.device.type if is_tensor else "cpu"
+    dtype = tensor.dtype if is_tensor else torch.float32
+    header = [
+        tensor.numel() if is_tensor else -1,
+        ALL_DTYPES.index(dtype) if dtype in ALL_DTYPES else -1,
+        shape_code(tensor.shape) if is_tensor else 0,
+        text_code(scheme_name),
+        (1 if tensor.layout == torch.sparse_coo else 0 if tensor.layout == torch.strided else 2) if is_tensor else 0,
+        _code(device, DEVICE_TYPES),
+        text_code(settings) if settings is not None else 0,
+        Problem.NONE,
+    ]
+    problem, detail = Problem.NONE, ""
+    if not is_tensor:
+        problem, detail = Problem.NOT_A_TENSOR, f"got {type(tensor).__name__}"
+    elif dtype not in DTYPES:
+        problem, detail = Problem.DTYPE, f"got {dtype}"
+    elif device not in BACKEND_DEVICES.get(backend, {device}):
+        problem, detail = Problem.DEVICE, (f"a {device} tensor on the {backend} backend, which takes "
+                                           f"{', '.join(sorted(BACKEND_DEVICES[backend]))} tensors")
+    elif not known_scheme:
+        problem, detail = Problem.SCHEME, f"{scheme_name!r}; allowed: {', '.join(allowed)}"
+    elif tensor.layout not in (torch.strided, torch.sparse_coo):
+        problem, detail = Problem.LAYOUT, f"got {tensor.layout}"
+    elif tensor.layout == torch.strided and torch._debug_has_internal_overlap(tensor) == 1:
+        problem, detail = Problem.OVERLAP, f"strides {tensor.stride()} for shape {tuple(tensor.shape)}"
+    header[_PROBLEM] = int(problem)
+    return header, detail
+
+
+def check_headers(headers: List[List[int]], details: Optional[List[str]] = None) -> None:
+    """Raise :class:`MismatchError` (identically on every rank, since all see the same rows) when a rank
+    reported a problem or the ranks' headers differ; the error's ``field`` names the first that differs."""
+    problems = []
+    for rank, header in enumerate(headers):
+        if header[_PROBLEM]:
+            problem = header[_PROBLEM]
+            message = Problem(problem).message if problem in Problem._value2member_map_ else f"problem {problem}"
+            detail = details[rank] if details else ""
+            problems.append(f"rank {rank}: {message}" + (f": {detail}" if detail else ""))
+    if problems:
+        raise MismatchError("zen.all_reduce: " + "; ".join(problems))
+    for field_index, field in enumerate(HEADER_FIELDS):
+        values = [h[field_index] for h in headers]
+        if len(set(values)) > 1:
+            error = MismatchError(f"zen.all_reduce: tensors or arguments differ across ranks: {field} is "
+                                  + _by_value([describe(field, v) for v in values]))
+            error.field = field
+            raise error
+
+
+def _by_value(texts: List[str]) -> str:
+    """'a on ranks [0, 2]; b on ranks [1]' from every rank's text."""
+    by_text = OrderedDict()
+    for rank, text in enumerate(texts):
+        by_text.setdefault(text, []).append(rank)
+    return "; ".join(f"{text} on ranks {ranks}" for text, ranks in by_text.items())
+
+
+def describe(field: str, value: int) -> str:
+    if field == "dtype":
+        return str(ALL_DTYPES[value]) if 0 <= value < len(ALL_DTYPES) else "an unsupported dtype"
+    if field == "layout":
+        return LAYOUTS.get(value, "another layout")
+    if field == "device":
+        return DEVICE_TYPES[value] if 0 <= value < len(DEVICE_TYPES) else "another device"
+    if field in ("shape", "scheme", "settings"):
+        return f"{field}#{value:08x}"
+    return str(value)
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def agree(comm, header: List[int], extra: List[int], detail: str = "", shape=None, scheme_name: str = ""):
+    """All-gather ``header + extra`` of every rank over ``comm`` (a :class:`zen.transport.Comm`); raise the
+    same error on every rank if the headers disagree or any rank reported a problem (``detail``: its
+    message, sent in place of ``extra``). Returns the ``extra`` columns, one row per rank (a CPU tensor).
+
+    The row has the same length on every rank (:func:`row_ints`; a longer ``extra`` takes a second
+    all-gather, decided from the gathered lengths, so alike on all ranks). Where the shapes or the schemes
+    differ, every rank takes one more exchange of ``shape`` and ``scheme_name`` as text to name them."""
+    extra = [int(v) for v in extra]
+    capacity = comm.world + SLACK
+    slots = encode_text(detail, capacity) if detail else extra[:capacity] + [0] * max(0, capacity - len(extra))
+    comm.agreements += 1
+    rows = comm.all_gather_rows(list(header) + [len(extra)] + slots)
+    width = len(header)
+    headers = rows[:, :width].tolist()
+    details = [decode_text(rows[r, width + 1:].tolist()) if headers[r][_PROBLEM] else "" for r in range(comm.world)]
+    try:
+        check_headers(headers, details)
+    except MismatchError as error:
+        field = getattr(error, "field", None)
+        if field in ("shape", "scheme"):
+            mine = _shape_text(tuple(shape or ())) if field == "shape" else repr(scheme_name)
+            texts = [decode_text(row) for row in comm.all_gather_rows(encode_text(mine, _TEXT_SLOTS)).tolist()]
+            raise MismatchError(f"zen.all_reduce: tensors or arguments differ across ranks: {field} is "
+                                + _by_value(texts)) from None
+        raise
+    lengths = rows[:, width].tolist()
+    if len(set(lengths)) > 1:
+        raise MismatchError(f"zen.all_reduce: the ranks' schemes exchanged different agreement lengths {lengths}")
+    out = rows[:, width + 1:width + 1 + min(lengths[0], capacity)]
+    if lengths[0] > capacity:
+        out = torch.cat([out, comm.all_gather_rows(extra[capacity:])], dim=1)
+    return out
+
+
+def report(comm, header: List[int], detail: str, cause: Optional[BaseException] = None, shape=None,
+           scheme_name: str = "") -> None:
+    """Take part in the agreement with a problem: it raises the same MismatchError on every rank. A failure
+    of the exchange itself (a dead peer, a timeout) breaks the group on this rank."""
+    try:
+        agree(comm, header, [], detail, shape, scheme_name)
+    except MismatchError as mismatch:
+        raise mismatch from cause
+    except BaseException as error:  # noqa: B036  (the exchange itself failed: a dead peer, a timeout)
+        comm.fail(error)
+        raise
+    raise AssertionError("unreachable: the agreement raises when a rank reports a problem")

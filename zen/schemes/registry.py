@@ -1,0 +1,65 @@
+"""The registry of fixed schemes: name -> scheme class. ``zen.all_reduce(scheme=name)``, ``zen.predict``,
+the calibration and ``auto``'s candidates all read it, so a scheme registered here is one of them."""
+import inspect
+from typing import Dict
+
+from .base import Scheme
+
+_REGISTRY: Dict[str, type] = {}  # in registration order: the order of zen.SCHEMES and of predictions
+RESERVED = ("auto",)  # the policy's name (zen.auto), not a fixed scheme
+
+
+def _overrides(cls: type, method: str) -> bool:
+    return inspect.getattr_static(cls, method) is not inspect.getattr_static(Scheme, method)
+
+
+def register_scheme(name: str, scheme_class: type) -> type:
+    """Make ``scheme_class`` available as ``scheme=name`` everywhere (all_reduce, the hook, predict, auto's
+    candidates). Every rank must register the same schemes. The class must derive from
+    :class:`zen.schemes.base.Scheme`, implement ``reduce_coo``, declare its formulas (``phases`` or
+    ``time``, and ``memory``), take no required constructor argument, and carry ``name`` (set here when the
+    class leaves the default). Registering the same class again is a no-op. Returns the class.
+
+    Example::
+
+        class GatherAll(zen.Scheme):
+            def reduce_coo(self, call, indices, values, numel): ...
+            @staticmethod
+            def phases(w, p): ...
+            @staticmethod
+            def memory(w): ...
+
+        zen.register_scheme("gatherall", GatherAll)
+        zen.all_reduce(grad, scheme="gatherall")
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register_scheme: name must be an identifier string; got {name!r}")
+    if name in RESERVED:
+        raise ValueError(f"register_scheme: {name!r} is reserved")
+    if not (inspect.isclass(scheme_class) and issubclass(scheme_class, Scheme)):
+        raise TypeError(f"register_scheme: {name!r} must be a subclass of zen.Scheme; got {scheme_class!r}")
+    missing = [what for what, ok in (
+        ("reduce_coo", _overrides(scheme_class, "reduce_coo")),
+        ("phases or time (its time formula)", _overrides(scheme_class, "phases") or _overrides(scheme_class, "time")),
+        ("memory (its memory formula)", _overrides(scheme_class, "memory"))) if not ok]
+    if missing:
+        raise TypeError(f"register_scheme: {scheme_class.__name__} does not implement {', '.join(missing)}")
+    if scheme_class.name not in (Scheme.name, name):
+        raise ValueError(f"register_scheme: {scheme_class.__name__}.name is {scheme_class.name!r}, not {name!r}")
+    if name in _REGISTRY and _REGISTRY[name] is not scheme_class:
+        raise ValueError(f"register_scheme: {name!r} is already registered ({_REGISTRY[name].__name__})")
+    scheme_class.name = name
+    _REGISTRY[name] = scheme_class
+    return scheme_class
+
+
+def registered() -> Dict[str, type]:
+    """{name: scheme class} of every registered scheme, in registration order (a copy)."""
+    return dict(_REGISTRY)
+
+
+def scheme_class(name: str) -> type:
+    """The class registered as ``name``; ValueError naming the allowed names otherwise."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown scheme {name!r}; allowed: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
