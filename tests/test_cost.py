@@ -25,8 +25,9 @@ WIRE_ONLY = Profile(bandwidth=B, latency=0.0, **NO_LOCAL)
 
 
 def agree_bytes(n, ints):
-    """The agreement all-gather's wire time: (n-1) * 8 * (6 header + extra) bytes."""
-    return (n - 1) * 8 * (6 + ints) / B
+    """The agreement all-gather's wire time: (n-1) * 8 bytes per int of its row (8 header fields, the count of
+    the extra ints, and max(extra, n + 8) slots)."""
+    return (n - 1) * 8 * (8 + 1 + max(ints, n + 8)) / B
 
 
 def uniform(numel, n, nnz, gamma, **kw):
@@ -291,7 +292,7 @@ def test_one_rank_and_empty_tensors_cost_the_call_only():
     p = Profile(bandwidth=B, latency=1e-5, call_overhead=2e-5)
     assert set(predict_times(uniform(10**6, 1, 1000, 1.0), p).values()) == {2e-5}
     empty = predict_times(uniform(0, 4, 0, 1.0), p)
-    assert list(empty.values()) == pytest.approx([2e-5 + 3e-5 + 3 * 48 / B] * 6)  # call + agreement ring
+    assert list(empty.values()) == pytest.approx([2e-5 + 3e-5 + agree_bytes(4, 0)] * 6)  # call + agreement ring
     assert set(cost.predict_memory(uniform(10**6, 1, 1000, 1.0), registered()).values()) == {0.0}
 
 

@@ -4,10 +4,9 @@ notation). Pure functions; no collectives."""
 import math
 from typing import Sequence
 
+from ..agreement import row_ints
 from ..geometry import duplex_all_to_all
 from .model import Profile, Workload
-
-AGREEMENT_INTS = 6  # int64s of the agreement's header, sent by every scheme's first collective
 
 
 def dense_bytes(numel: int, n: int, value_size: int) -> float:
@@ -54,8 +53,9 @@ def allgather(ints: int, w: Workload, p: Profile) -> float:
 
 
 def agree(extra_ints: int, w: Workload, p: Profile) -> float:
-    """The agreement, every scheme's first collective: an all-gather of the header and ``extra_ints``."""
-    return allgather(AGREEMENT_INTS + extra_ints, w, p)
+    """The agreement, every scheme's first collective: an all-gather of its row (the header, the count of
+    ``extra_ints`` and their slots: ``zen.agreement.row_ints``)."""
+    return allgather(row_ints(w.n, extra_ints), w, p)
 
 
 SCAN_BLOCK = 16  # elements the non-zero scan tests at once (csrc/cpu/nonzero_cpu.cpp)
