@@ -7,8 +7,15 @@ TORCH_LIBRARY(zen, m) {
   // Dense 1-D tensor -> (indices, values) of its non-zeros, ascending. A NaN is a non-zero; -0.0 is zero.
   // Indices are int32 below 2^31 elements, int64 from there.
   m.def("nonzero(Tensor dense) -> (Tensor indices, Tensor values)");
+  // The same over blocks of block_size consecutive elements (which must divide the tensor): the ids of the
+  // blocks holding a non-zero, ascending, and those blocks whole, as rows [k, block_size].
+  m.def("nonzero_blocks(Tensor dense, int block_size) -> (Tensor ids, Tensor blocks)");
+  // [non-zero elements, blocks of block_size holding a non-zero] (int64), in one pass.
+  m.def("count_nonzero(Tensor dense, int block_size) -> Tensor");
   // Level-1 hash h0: the partition (int32, in [0, n)) of every index.
   m.def("hash_partition(Tensor indices, int num_partitions, int seed) -> Tensor");
+  // Every op below that takes (indices, values) also takes values as rows [k, b]: one block of b values per
+  // index, moved, summed and written whole.
   // Hierarchical hash partition: (indices, values) grouped by partition, counts per partition, and
   // stats = [placed in parallel memory, placed in serial memory, 1 if the serial memory overflowed and
   // the exact fallback ran].
@@ -26,7 +33,7 @@ TORCH_LIBRARY(zen, m) {
   // Bitmap (uint8, bit r = byte r/8, bit r%8) over index_set of an ascending subset of it, and back.
   m.def("bitmap_encode(Tensor indices, Tensor index_set) -> Tensor");
   m.def("bitmap_decode(Tensor bitmap, Tensor index_set, int count) -> Tensor");
-  // out[indices[i]] = values[i], bounds checked.
+  // out[indices[i]] = values[i], bounds checked (rows: block indices[i] of out, b elements).
   m.def("scatter_(Tensor(a!) out, Tensor indices, Tensor values) -> ()");
   // scatter_ of several pieces with disjoint indices (each ascending, for the CPU's blocked writes).
   m.def("scatter_pieces_(Tensor(a!) out, Tensor[] indices, Tensor[] values) -> ()");
@@ -41,8 +48,11 @@ static void scatter_pieces_each(at::Tensor& out, at::TensorList indices, at::Ten
     if (indices[p].numel() == 0) continue;
     const auto [lo_t, hi_t] = at::aminmax(indices[p]);
     const int64_t lo = lo_t.item<int64_t>(), hi = hi_t.item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < out.numel(), "scatter index out of range: [", lo, ", ", hi, "] for an output of ",
-                out.numel(), " elements");
+    const int64_t width = values[p].dim() == 2 ? values[p].size(1) : 1;
+    TORCH_CHECK(width >= 1, "scatter_pieces_: rows must have at least one value, got ", width);
+    const int64_t blocks = out.numel() / width;
+    TORCH_CHECK(lo >= 0 && hi < blocks, "scatter index out of range: [", lo, ", ", hi, "] for an output of ",
+                blocks, " blocks");
   }
   static const auto scatter = c10::Dispatcher::singleton()
                                   .findSchemaOrThrow("zen::scatter_", "")

@@ -352,3 +352,61 @@ def test_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.zen.scatter_pieces_.default, (torch.zeros(10, device=DEVICE), [idx], [val]),
                           test_utils=("test_schema",))
     assert zen.ops.hash_partition(idx, 4, 1).dtype == torch.int32
+
+
+# --- rows: one index per block of b values ----------------------------------------------------------------
+
+
+@given(st.integers(1, 9), st.integers(0, 40), st.floats(0.0, 1.0), st.integers(0, 2**31))
+def test_nonzero_blocks_and_count_match_reference(width, blocks, density, seed):
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.where(torch.rand(blocks * width, generator=g) < density, torch.randn(blocks * width, generator=g),
+                        torch.zeros(()))
+    dense[::7] = -0.0  # a signed zero is a zero
+    view = dense.view(blocks, width)
+    expected = torch.nonzero((view != 0).any(dim=1)).view(-1)
+    ids, rows = ops.nonzero_blocks(dense.to(DEVICE), width)
+    assert ids.dtype == torch.int32 and ids.cpu().long().tolist() == expected.tolist()
+    assert rows.shape == (expected.numel(), width) and torch.equal(rows.cpu(), view[expected])
+    assert ops.count_nonzero(dense.to(DEVICE), width) == (int((dense != 0).sum()), expected.numel())
+
+
+def test_nonzero_blocks_rejects_a_block_size_that_does_not_divide():
+    with pytest.raises(RuntimeError, match="block_size 4 does not divide the tensor's 10 elements"):
+        ops.nonzero_blocks(torch.zeros(10, device=DEVICE), 4)
+    with pytest.raises(RuntimeError, match="block_size must be >= 1"):
+        ops.count_nonzero(torch.zeros(10, device=DEVICE), 0)
+
+
+@given(st.integers(1, 6), st.lists(st.integers(0, 30), max_size=60), st.integers(1, 5), st.integers(0, 2**31))
+def test_row_ops_match_reference(width, index_list, n, seed):
+    """partition, aggregate and scatter_ move, sum and write whole rows as the element ops do values."""
+    idx = torch.tensor(index_list, dtype=torch.int32)
+    rows = torch.randint(-8, 8, (idx.numel(), width)).float() * 0.5
+    part_idx, part_rows, counts, _ = ops.partition(idx.to(DEVICE), rows.to(DEVICE), n, seed, 0)
+    order = sorted(range(idx.numel()), key=lambda i: partition_of(index_list[i], seed, n))
+    assert part_idx.cpu().tolist() == [index_list[i] for i in order]
+    assert torch.equal(part_rows.cpu(), rows[order]) and counts.sum().item() == idx.numel()
+    union, sums = ops.aggregate(idx.to(DEVICE), rows.to(DEVICE), 31)
+    expected_union = sorted(set(index_list))
+    assert union.cpu().tolist() == expected_union and sums.shape == (len(expected_union), width)
+    for u, row in zip(expected_union, sums.cpu()):
+        assert torch.equal(row, rows[idx == u].sum(dim=0))
+    out = torch.full((31 * width,), 7.0, device=DEVICE)
+    ops.scatter_(out, union, sums)
+    expected = torch.full((31, width), 7.0)
+    expected[torch.tensor(expected_union, dtype=torch.long)] = sums.cpu()
+    assert torch.equal(out.cpu(), expected.view(-1))
+    pieces = [(union[i::2].contiguous(), sums[i::2].contiguous()) for i in range(2)]
+    out2 = torch.full((31 * width,), 7.0, device=DEVICE)
+    ops.scatter_pieces_(out2, pieces)
+    assert torch.equal(out2.cpu(), expected.view(-1))
+
+
+def test_row_scatter_checks_blocks():
+    with pytest.raises(RuntimeError, match="out of range.*for an output of 3 blocks"):
+        ops.scatter_(torch.zeros(6, device=DEVICE), torch.tensor([3], dtype=torch.int32, device=DEVICE),
+                     torch.ones(1, 2, device=DEVICE))
+    with pytest.raises(RuntimeError, match="does not divide"):
+        ops.scatter_(torch.zeros(7, device=DEVICE), torch.tensor([0], dtype=torch.int32, device=DEVICE),
+                     torch.ones(1, 2, device=DEVICE))

@@ -37,6 +37,23 @@ def nonzero(dense: Tensor) -> Tuple[Tensor, Tensor]:
     return torch.ops.zen.nonzero(dense)
 
 
+def nonzero_blocks(dense: Tensor, block_size: int) -> Tuple[Tensor, Tensor]:
+    """(ids, blocks): the blocks of ``block_size`` consecutive elements of a contiguous 1-D tensor that hold a
+    non-zero, ids ascending, and those blocks whole as rows [k, block_size]. ``block_size`` must divide the
+    tensor. Ids are int32 below 2**31 blocks.
+
+    >>> nonzero_blocks(torch.tensor([0., 0., 3., 0.]), 2)
+    (tensor([1], dtype=torch.int32), tensor([[3., 0.]]))
+    """
+    return torch.ops.zen.nonzero_blocks(dense, block_size)
+
+
+def count_nonzero(dense: Tensor, block_size: int) -> Tuple[int, int]:
+    """(non-zero elements, blocks of ``block_size`` holding a non-zero) of a contiguous 1-D tensor, in one pass."""
+    elements, blocks = torch.ops.zen.count_nonzero(dense, block_size).tolist()
+    return elements, blocks
+
+
 def hash_partition(indices: Tensor, num_partitions: int, seed: int) -> Tensor:
     """Level-1 hash: the partition h0(i) in [0, n) of each index (int32). The one partition rule of zen."""
     return torch.ops.zen.hash_partition(indices, num_partitions, seed)
@@ -55,7 +72,8 @@ def partition(indices: Tensor, values: Tensor, num_partitions: int, seed: int, n
 
 def aggregate(indices: Tensor, values: Tensor, numel: int, num_partitions: int = 1, seed: int = 0,
               partition: int = -1) -> Tuple[Tensor, Tensor]:
-    """Sum the values of equal indices: the union, ascending. Raises on an index outside [0, numel)
+    """Sum the values of equal indices (values [k], or rows [k, b] summed element by element): the union,
+    ascending. Raises on an index outside [0, numel)
     or (when ``partition >= 0``) one that h0 does not send to ``partition``."""
     return torch.ops.zen.aggregate(indices, values, numel, num_partitions, seed, partition)
 
@@ -77,7 +95,8 @@ def bitmap_decode(bitmap: Tensor, index_set: Tensor, count: int = -1) -> Tensor:
 
 
 def scatter_(out: Tensor, indices: Tensor, values: Tensor) -> Tensor:
-    """out[indices] = values on a contiguous 1-D ``out``, bounds checked. Returns ``out``."""
+    """out[indices] = values on a contiguous 1-D ``out``, bounds checked; with rows [k, b], index i is block i
+    of ``out`` (elements [i b, (i + 1) b)). Returns ``out``."""
     torch.ops.zen.scatter_(out, indices, values)
     return out
 

@@ -1,6 +1,7 @@
 // Aggregation of one partition: the (index, value) pairs every peer pushed, summed per index, into the
 // union ascending (the order the hash bitmap and the scatter expect). Sums run in arrival order (peer 0
-// first), in float for half types, so the result is deterministic.
+// first), in float for half types, so the result is deterministic. A value may be a row of b values (a
+// block of the tensor): rows are summed element by element, the same way.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
@@ -40,20 +41,24 @@ std::vector<int64_t> ascending_runs(const index_t* idx, int64_t count) {
 }
 
 template <typename index_t, typename scalar_t>
-void aggregate(const index_t* idx, const scalar_t* val, int64_t count, at::Tensor& out_idx, at::Tensor& out_val) {
+void aggregate(const index_t* idx, const scalar_t* val, int64_t count, int64_t width, at::Tensor& out_idx,
+               at::Tensor& out_val) {
   using acc_t = at::opmath_type<scalar_t>;
   // Scratch as tensors (torch's allocator, visible to its memory profiler): count indices and sums.
   at::Tensor idx_buf = at::empty({count}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
-  at::Tensor sum_buf = at::empty({count}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value));
+  at::Tensor sum_buf = at::empty({count, width}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value));
   index_t* union_idx = idx_buf.data_ptr<index_t>();
   acc_t* sums = sum_buf.data_ptr<acc_t>();
   int64_t unique = 0;
   auto add = [&](int64_t i) {
+    const scalar_t* row = val + i * width;
     if (unique > 0 && union_idx[unique - 1] == idx[i]) {
-      sums[unique - 1] += static_cast<acc_t>(val[i]);
+      acc_t* sum = sums + (unique - 1) * width;
+      for (int64_t j = 0; j < width; ++j) sum[j] += static_cast<acc_t>(row[j]);
     } else {
       union_idx[unique] = idx[i];
-      sums[unique++] = static_cast<acc_t>(val[i]);
+      acc_t* sum = sums + unique++ * width;
+      for (int64_t j = 0; j < width; ++j) sum[j] = static_cast<acc_t>(row[j]);
     }
   };
   const std::vector<int64_t> runs = ascending_runs(idx, count);
@@ -95,10 +100,10 @@ std::tuple<at::Tensor, at::Tensor> aggregate_cpu(const at::Tensor& indices, cons
     validate(indices.const_data_ptr<index_t>(), indices.numel(), numel, num_partitions, seed, partition);
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "zen_aggregate", [&] {
       aggregate<index_t, scalar_t>(indices.const_data_ptr<index_t>(), values.const_data_ptr<scalar_t>(),
-                                   indices.numel(), out_idx, out_val);
+                                   indices.numel(), row_width(values), out_idx, out_val);
     });
   });
-  return {out_idx, out_val};
+  return {out_idx, values.dim() == 1 ? out_val.view({-1}) : out_val};
 }
 
 }  // namespace

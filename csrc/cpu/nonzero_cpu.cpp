@@ -1,8 +1,10 @@
-// Non-zero extraction: one pass over the dense buffer, blocks of 16 elements tested at once.
+// Non-zero extraction: one pass over the dense buffer, blocks of 16 elements tested at once; and its block
+// variants (a block of b consecutive elements is sent whole when any of them is non-zero).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -82,8 +84,109 @@ std::tuple<at::Tensor, at::Tensor> nonzero_cpu(const at::Tensor& dense) {
   return {indices, values};
 }
 
+// Whether the width elements at bits hold a non-zero (a branch-free OR the compiler vectorises).
+template <typename bits_t, bits_t kMask>
+inline bool any_nonzero(const bits_t* bits, int64_t width) {
+  bits_t any = 0;
+  for (int64_t j = 0; j < width; ++j) any |= bits[j] & kMask;
+  return any != 0;
+}
+
+// Blocks of `width` consecutive elements holding a non-zero: their ids ascending, and the blocks whole.
+template <typename scalar_t, typename index_t>
+void extract_blocks(const scalar_t* data, int64_t blocks, int64_t width, at::Tensor& ids, at::Tensor& rows) {
+  using Bits = ZeroTest<scalar_t>;
+  using bits_t = typename Bits::bits_t;
+  const auto* bits = reinterpret_cast<const bits_t*>(data);
+  const int64_t chunk = std::max<int64_t>(1, (1 << 16) / width);  // blocks per chunk
+  const int64_t num_chunks = (blocks + chunk - 1) / chunk;
+  std::vector<int64_t> offset(num_chunks + 1, 0);
+  at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t count = 0;
+      for (int64_t b = c * chunk, e = std::min(blocks, b + chunk); b < e; ++b)
+        count += any_nonzero<bits_t, Bits::kMask>(bits + b * width, width);
+      offset[c + 1] = count;
+    }
+  });
+  for (int64_t c = 0; c < num_chunks; ++c) offset[c + 1] += offset[c];
+  ids = at::empty({offset[num_chunks]}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
+  rows = at::empty({offset[num_chunks], width}, at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value));
+  auto* out_ids = ids.data_ptr<index_t>();
+  auto* out_rows = reinterpret_cast<bits_t*>(rows.data_ptr());
+  at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t out = offset[c];
+      for (int64_t b = c * chunk, e = std::min(blocks, b + chunk); b < e; ++b) {
+        if (!any_nonzero<bits_t, Bits::kMask>(bits + b * width, width)) continue;
+        out_ids[out] = static_cast<index_t>(b);
+        std::memcpy(out_rows + out * width, bits + b * width, width * sizeof(bits_t));
+        ++out;
+      }
+      TORCH_INTERNAL_ASSERT(out == offset[c + 1]);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> nonzero_blocks_cpu(const at::Tensor& dense, int64_t block_size) {
+  check_1d(dense, "dense");
+  const int64_t blocks = num_blocks(dense, block_size);
+  at::Tensor ids, rows;
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, dense.scalar_type(), "zen_nonzero_blocks", [&] {
+    if (index_type_for(blocks) == at::kInt) {
+      extract_blocks<scalar_t, int32_t>(dense.const_data_ptr<scalar_t>(), blocks, block_size, ids, rows);
+    } else {
+      extract_blocks<scalar_t, int64_t>(dense.const_data_ptr<scalar_t>(), blocks, block_size, ids, rows);
+    }
+  });
+  return {ids, rows};
+}
+
+// [non-zero elements, blocks of block_size holding a non-zero], in one pass.
+template <typename scalar_t>
+void count_blocks(const scalar_t* data, int64_t blocks, int64_t width, int64_t* out) {
+  using Bits = ZeroTest<scalar_t>;
+  using bits_t = typename Bits::bits_t;
+  const auto* bits = reinterpret_cast<const bits_t*>(data);
+  const int64_t chunk = std::max<int64_t>(1, (1 << 16) / width);
+  const int64_t num_chunks = (blocks + chunk - 1) / chunk;
+  std::vector<int64_t> elements(num_chunks, 0), nonzero_blocks(num_chunks, 0);
+  at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t count = 0, in_blocks = 0;
+      for (int64_t b = c * chunk, e = std::min(blocks, b + chunk); b < e; ++b) {
+        int64_t here = 0;
+        for (int64_t j = 0; j < width; ++j) here += (bits[b * width + j] & Bits::kMask) != 0;
+        count += here;
+        in_blocks += here != 0;
+      }
+      elements[c] = count;
+      nonzero_blocks[c] = in_blocks;
+    }
+  });
+  out[0] = out[1] = 0;
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    out[0] += elements[c];
+    out[1] += nonzero_blocks[c];
+  }
+}
+
+at::Tensor count_nonzero_cpu(const at::Tensor& dense, int64_t block_size) {
+  check_1d(dense, "dense");
+  const int64_t blocks = num_blocks(dense, block_size);
+  auto out = at::zeros({2}, at::TensorOptions().dtype(at::kLong));
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, dense.scalar_type(), "zen_count_nonzero", [&] {
+    count_blocks<scalar_t>(dense.const_data_ptr<scalar_t>(), blocks, block_size, out.data_ptr<int64_t>());
+  });
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(zen, CPU, m) { m.impl("nonzero", &nonzero_cpu); }
+TORCH_LIBRARY_IMPL(zen, CPU, m) {
+  m.impl("nonzero", &nonzero_cpu);
+  m.impl("nonzero_blocks", &nonzero_blocks_cpu);
+  m.impl("count_nonzero", &count_nonzero_cpu);
+}
 
 }  // namespace zen

@@ -1,4 +1,5 @@
-// Scatter of (indices, values) into a dense output: out[indices[i]] = values[i], bounds checked first.
+// Scatter of (indices, values) into a dense output: out[indices[i]] = values[i], bounds checked first. With
+// rows of b values ([k, b] values), index i is block i of the output: out[i b, (i + 1) b) = values[i].
 // scatter_pieces_ writes several pieces (disjoint index sets, each ascending, together spread over the
 // whole output: zen's n pulled partitions) block by block of the output, so a block is read from memory
 // once while every piece writes into it, not once per piece.
@@ -7,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "zen/checks.h"
@@ -16,10 +18,12 @@ namespace {
 
 constexpr int64_t kBlockBytes = 64 << 10;  // a block of the output stays in a core's L2 while the pieces write
 
-void check_out(const at::Tensor& out, const at::Tensor& values) {
+// The number of blocks (rows of the values' width) of out.
+int64_t check_out(const at::Tensor& out, const at::Tensor& values) {
   check_1d(out, "out");
   TORCH_CHECK(out.scalar_type() == values.scalar_type(), "out and values must have the same dtype, got ",
               out.scalar_type(), " and ", values.scalar_type());
+  return num_blocks(out, row_width(values));
 }
 
 // Fails naming the range when an index lies outside [0, numel); whether the indices ascend strictly.
@@ -34,22 +38,30 @@ bool check_range(const index_t* idx, int64_t count, int64_t numel) {
     hi = std::max(hi, idx[i]);
   }
   TORCH_CHECK(lo >= 0 && hi < numel, "scatter index out of range: [", (int64_t)lo, ", ", (int64_t)hi,
-              "] for an output of ", numel, " elements");
+              "] for an output of ", numel, " blocks");
   return ascending;
+}
+
+template <typename scalar_t>
+inline void write_row(scalar_t* out, int64_t at, const scalar_t* val, int64_t i, int64_t width) {
+  if (width == 1) {
+    out[at] = val[i];
+  } else {
+    std::memcpy(out + at * width, val + i * width, width * sizeof(scalar_t));
+  }
 }
 
 void scatter_cpu(at::Tensor& out, const at::Tensor& indices, const at::Tensor& values) {
   check_pair(indices, values);
-  check_out(out, values);
-  const int64_t numel = out.numel(), count = indices.numel();
+  const int64_t numel = check_out(out, values), count = indices.numel(), width = row_width(values);
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "zen_scatter", [&] {
     const index_t* idx = indices.const_data_ptr<index_t>();
     check_range(idx, count, numel);
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "zen_scatter", [&] {
       const scalar_t* val = values.const_data_ptr<scalar_t>();
       scalar_t* o = out.data_ptr<scalar_t>();
-      at::parallel_for(0, count, 1 << 14, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) o[idx[i]] = val[i];
+      at::parallel_for(0, count, std::max<int64_t>(1, (1 << 14) / width), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) write_row(o, idx[i], val, i, width);
       });
     });
   });
@@ -59,14 +71,17 @@ void scatter_pieces_cpu(at::Tensor& out, at::TensorList indices, at::TensorList 
   TORCH_CHECK(indices.size() == values.size(), "scatter_pieces_: ", indices.size(), " index pieces but ",
               values.size(), " value pieces");
   if (indices.empty()) return;
+  const int64_t numel = check_out(out, values[0]), width = row_width(values[0]);
   for (size_t p = 0; p < indices.size(); ++p) {
     check_pair(indices[p], values[p]);
     check_out(out, values[p]);
+    TORCH_CHECK(row_width(values[p]) == width && values[p].dim() == values[0].dim(),
+                "scatter_pieces_: every piece's values must have the same row width");
     TORCH_CHECK(indices[p].scalar_type() == indices[0].scalar_type(),
                 "scatter_pieces_: every piece's indices must have the same dtype, got ", indices[0].scalar_type(),
                 " and ", indices[p].scalar_type());
   }
-  const int64_t numel = out.numel(), pieces = indices.size();
+  const int64_t pieces = indices.size();
   AT_DISPATCH_INDEX_TYPES(indices[0].scalar_type(), "zen_scatter_pieces", [&] {
     std::vector<const index_t*> idx(pieces);
     std::vector<int64_t> count(pieces);
@@ -80,7 +95,7 @@ void scatter_pieces_cpu(at::Tensor& out, at::TensorList indices, at::TensorList 
     }
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, values[0].scalar_type(), "zen_scatter_pieces", [&] {
       scalar_t* o = out.data_ptr<scalar_t>();
-      const int64_t block = std::max<int64_t>(1, kBlockBytes / static_cast<int64_t>(sizeof(scalar_t)));
+      const int64_t block = std::max<int64_t>(1, kBlockBytes / static_cast<int64_t>(sizeof(scalar_t) * width));
       const int64_t blocks = (numel + block - 1) / block;
       at::parallel_for(0, blocks, 16, [&](int64_t first, int64_t last) {
         std::vector<int64_t> cursor(pieces);
@@ -93,7 +108,7 @@ void scatter_pieces_cpu(at::Tensor& out, at::TensorList indices, at::TensorList 
             const index_t* ix = idx[p];
             const scalar_t* val = static_cast<const scalar_t*>(vals[p]);
             int64_t i = cursor[p];
-            for (; i < count[p] && ix[i] < end; ++i) o[ix[i]] = val[i];
+            for (; i < count[p] && ix[i] < end; ++i) write_row(o, ix[i], val, i, width);
             cursor[p] = i;
           }
         }
@@ -101,7 +116,7 @@ void scatter_pieces_cpu(at::Tensor& out, at::TensorList indices, at::TensorList 
       for (int64_t p = 0; p < pieces; ++p) {  // a piece out of order is written as it comes
         if (ascending[p]) continue;
         const scalar_t* val = static_cast<const scalar_t*>(vals[p]);
-        for (int64_t i = 0; i < count[p]; ++i) o[idx[p][i]] = val[i];
+        for (int64_t i = 0; i < count[p]; ++i) write_row(o, idx[p][i], val, i, width);
       }
     });
   });

@@ -8,6 +8,10 @@
 // the integer type itself, wrapping, for integers). The result is deterministic and equals the CPU op's
 // bit for bit (NaN payloads aside). A run as long as the input (one index repeated everywhere) is summed
 // by one thread: correct, slow; in zen a run is at most one element per peer.
+//
+// Rows of width values (width != 1): the sort carries input positions instead of values (a row is too wide
+// to move through the sort), the compaction records where each run starts, and one thread per element of
+// the output rows sums its column down the run, in the same order: the CPU op's result, element by element.
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_fp16.h>
 
@@ -103,6 +107,33 @@ struct RunSumWriter {
   }
 };
 
+// Rows: out_indices[k] = the run's index, starts[k] = the sorted position where it starts.
+template <typename index_t>
+struct RunStartWriter {
+  const index_t* keys;
+  index_t* out_indices;
+  int64_t* starts;
+  __device__ void operator()(int64_t k, int64_t start) const {
+    out_indices[k] = keys[start];
+    starts[k] = start;
+  }
+};
+
+// out[k, j] = sum of rows[perm[s], j] over the sorted positions s of run k, in order; one thread per
+// element of the output, so a run's rows are read coalesced along j.
+template <ValueKind K>
+__global__ void row_sum_kernel(const int64_t* perm, const int64_t* starts, int64_t num_unique, int64_t count,
+                               int64_t width, const typename Acc<K>::bits_t* rows, typename Acc<K>::bits_t* out) {
+  using A = Acc<K>;
+  for (int64_t t = global_thread(); t < num_unique * width; t += grid_stride()) {
+    const int64_t k = t / width, j = t - k * width;
+    const int64_t begin = starts[k], end = k + 1 < num_unique ? starts[k + 1] : count;
+    typename A::acc_t sum = A::load(rows[perm[begin] * width + j]);
+    for (int64_t s = begin + 1; s < end; ++s) sum += A::load(rows[perm[s] * width + j]);
+    out[t] = A::store(sum);
+  }
+}
+
 template <typename F>
 cudaError_t with_kind(ValueKind kind, F&& f) {
   switch (kind) {
@@ -122,12 +153,13 @@ cudaError_t with_kind(ValueKind kind, F&& f) {
 }  // namespace
 
 template <typename index_t>
-cudaError_t aggregate_prepare(const index_t* indices, const void* values, ValueKind kind, int64_t count,
+cudaError_t aggregate_prepare(const index_t* indices, const void* values, ValueKind kind, int64_t count, int64_t width,
                               int64_t numel, uint32_t num_partitions, uint64_t seed, int64_t partition,
                               Workspace& ws, AggregatePlan& plan, cudaStream_t stream) {
   plan = AggregatePlan{};
   plan.kind = kind;
   plan.count = count;
+  plan.width = width;
   if (count == 0) return cudaSuccess;
 
   auto* status = ws.get_n<unsigned long long>(kStatusWords);
@@ -141,15 +173,28 @@ cudaError_t aggregate_prepare(const index_t* indices, const void* values, ValueK
   while (key_bits < 8 * static_cast<int>(sizeof(index_t)) - 1 && (int64_t{1} << key_bits) < numel) ++key_bits;
   auto* keys = ws.get_n<index_t>(count);
   plan.keys = keys;
-  ZEN_CUDA_TRY(with_bits(kind, [&](auto tag) {
-    using U = decltype(tag);
-    auto* sorted = ws.get_n<U>(count);
-    plan.values = sorted;
-    return run_cub(ws, [&](void* temp, size_t& bytes) {
-      return cub::DeviceRadixSort::SortPairs(temp, bytes, indices, keys, static_cast<const U*>(values), sorted, count,
-                                             0, key_bits, stream);
-    });
-  }));
+  if (width == 1) {
+    ZEN_CUDA_TRY(with_bits(kind, [&](auto tag) {
+      using U = decltype(tag);
+      auto* sorted = ws.get_n<U>(count);
+      plan.values = sorted;
+      return run_cub(ws, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, indices, keys, static_cast<const U*>(values), sorted,
+                                               count, 0, key_bits, stream);
+      });
+    }));
+  } else {
+    auto* positions = ws.get_n<int64_t>(count);
+    plan.rows = values;
+    plan.perm = ws.get_n<int64_t>(count);
+    plan.starts = ws.get_n<int64_t>(count);
+    iota_kernel<<<grid_for(count), kThreads, 0, stream>>>(positions, count);
+    ZEN_CUDA_TRY(cudaGetLastError());
+    ZEN_CUDA_TRY(run_cub(ws, [&](void* temp, size_t& bytes) {
+      return cub::DeviceRadixSort::SortPairs(temp, bytes, indices, keys, positions, plan.perm, count, 0, key_bits,
+                                             stream);
+    }));
+  }
 
   plan.num_words = ceil_div(count, 32);
   plan.num_tiles = ceil_div(plan.num_words, kTileWords);
@@ -178,6 +223,16 @@ cudaError_t aggregate_write(const AggregatePlan& plan, index_t* out_indices, voi
   return with_kind(plan.kind, [&](auto kind_tag) {
     constexpr ValueKind K = decltype(kind_tag)::value;
     using bits_t = typename Acc<K>::bits_t;
+    if (plan.width != 1) {
+      ZEN_CUDA_TRY(expand_bits(plan.words, plan.num_words, plan.tile_ends,
+                               RunStartWriter<index_t>{static_cast<const index_t*>(plan.keys), out_indices, plan.starts},
+                               stream));
+      if (plan.width == 0) return cudaSuccess;  // rows of nothing: the indices are the whole result
+      row_sum_kernel<K><<<grid_for(plan.num_unique * plan.width), kThreads, 0, stream>>>(
+          plan.perm, plan.starts, plan.num_unique, plan.count, plan.width, static_cast<const bits_t*>(plan.rows),
+          static_cast<bits_t*>(out_values));
+      return cudaGetLastError();
+    }
     const RunSumWriter<index_t, K> writer{static_cast<const index_t*>(plan.keys),
                                           static_cast<const bits_t*>(plan.values), plan.count, out_indices,
                                           static_cast<bits_t*>(out_values)};
@@ -185,10 +240,10 @@ cudaError_t aggregate_write(const AggregatePlan& plan, index_t* out_indices, voi
   });
 }
 
-template cudaError_t aggregate_prepare<int32_t>(const int32_t*, const void*, ValueKind, int64_t, int64_t, uint32_t,
-                                                uint64_t, int64_t, Workspace&, AggregatePlan&, cudaStream_t);
-template cudaError_t aggregate_prepare<int64_t>(const int64_t*, const void*, ValueKind, int64_t, int64_t, uint32_t,
-                                                uint64_t, int64_t, Workspace&, AggregatePlan&, cudaStream_t);
+template cudaError_t aggregate_prepare<int32_t>(const int32_t*, const void*, ValueKind, int64_t, int64_t, int64_t,
+                                                uint32_t, uint64_t, int64_t, Workspace&, AggregatePlan&, cudaStream_t);
+template cudaError_t aggregate_prepare<int64_t>(const int64_t*, const void*, ValueKind, int64_t, int64_t, int64_t,
+                                                uint32_t, uint64_t, int64_t, Workspace&, AggregatePlan&, cudaStream_t);
 template cudaError_t aggregate_write<int32_t>(const AggregatePlan&, int32_t*, void*, cudaStream_t);
 template cudaError_t aggregate_write<int64_t>(const AggregatePlan&, int64_t*, void*, cudaStream_t);
 

@@ -68,6 +68,25 @@ cudaError_t nonzero_count(const void* dense, int64_t numel, ValueKind kind, Work
 template <typename index_t>
 cudaError_t nonzero_write(const NonzeroPlan& plan, index_t* indices, void* values, cudaStream_t stream);
 
+// ---- nonzero over blocks of `width` consecutive elements: ids ascending, the blocks whole as rows ------
+// The element bits of nonzero first, then one bit per block (an OR over its element bits), so the dense
+// buffer is read once for the test and once more only for the blocks sent.
+struct NonzeroBlocksPlan {
+  NonzeroPlan elements;           // pass 1 over the elements; elements.nnz is not read back
+  int64_t width = 1, num_blocks = 0;
+  uint32_t* words = nullptr;      // bit b % 32 of words[b / 32] is set iff block b holds a non-zero
+  int64_t* tile_ends = nullptr;
+  int64_t num_words = 0, num_tiles = 0;
+  int64_t nnz_blocks = 0;         // known on the host after nonzero_blocks_count
+};
+cudaError_t nonzero_blocks_count(const void* dense, int64_t num_blocks, int64_t width, ValueKind kind, Workspace& ws,
+                                 NonzeroBlocksPlan& plan, cudaStream_t stream);
+template <typename index_t>
+cudaError_t nonzero_blocks_write(const NonzeroBlocksPlan& plan, index_t* ids, void* rows, cudaStream_t stream);
+// counts[2] (int64, device) = [non-zero elements, blocks holding a non-zero], with no synchronisation.
+cudaError_t count_nonzero(const void* dense, int64_t num_blocks, int64_t width, ValueKind kind, int64_t* counts,
+                          Workspace& ws, cudaStream_t stream);
+
 // ---- partition -----------------------------------------------------------------------------------------
 // Level-1 hash of every index (zen::partition_of).
 template <typename index_t>
@@ -86,20 +105,26 @@ struct PartitionResult {
   int64_t compacted = 0;    // elements found in the tables; must equal nnz when tables ran without overflow
 };
 // Outputs of nnz elements grouped by partition; counts[num_partitions] and stats[3] (int64) as the op
-// defines them. Synchronises once, at the end, to learn whether the fallback is needed.
+// defines them. values holds width values per index (a row, moved whole; width 0 moves indices only).
+// Synchronises once, at the end, to learn whether the fallback is needed.
 template <typename index_t>
-cudaError_t partition(const index_t* indices, const void* values, ValueKind kind, int64_t nnz,
+cudaError_t partition(const index_t* indices, const void* values, ValueKind kind, int64_t nnz, int64_t width,
                       const PartitionArgs& args, index_t* out_indices, void* out_values, int64_t* counts,
                       int64_t* stats, Workspace& ws, PartitionResult& result, cudaStream_t stream);
 
 // ---- aggregate: sum duplicate indices, union ascending -------------------------------------------------
 // Duplicates are summed in input order (a stable sort keeps it), one thread per distinct index, in the
-// CPU kernel's accumulator type: the result is deterministic and equals the CPU op's bit for bit.
+// CPU kernel's accumulator type: the result is deterministic and equals the CPU op's bit for bit. Rows of
+// width values (width != 1) are summed the same way, one thread per element of an output row.
 struct AggregatePlan {
   ValueKind kind = ValueKind::kFloat;
   int64_t count = 0;
+  int64_t width = 1;
   void* keys = nullptr;          // indices, sorted (index_t)
-  void* values = nullptr;        // values in the same order (raw bits)
+  void* values = nullptr;        // width 1: values in the same order (raw bits)
+  const void* rows = nullptr;    // width != 1: the input rows, read in sorted order through perm
+  int64_t* perm = nullptr;       // width != 1: input position of each sorted position
+  int64_t* starts = nullptr;     // width != 1: sorted position where output row k's run starts (count slots)
   uint32_t* words = nullptr;     // bit i set iff sorted position i starts a run of equal indices
   int64_t* tile_ends = nullptr;
   int64_t num_words = 0, num_tiles = 0;
@@ -108,7 +133,7 @@ struct AggregatePlan {
   int64_t bad_index = 0;         // the index found there
 };
 template <typename index_t>
-cudaError_t aggregate_prepare(const index_t* indices, const void* values, ValueKind kind, int64_t count,
+cudaError_t aggregate_prepare(const index_t* indices, const void* values, ValueKind kind, int64_t count, int64_t width,
                               int64_t numel, uint32_t num_partitions, uint64_t seed, int64_t partition,
                               Workspace& ws, AggregatePlan& plan, cudaStream_t stream);
 template <typename index_t>
@@ -145,14 +170,15 @@ cudaError_t bitmap_decode_write(const BitmapDecodePlan& plan, const index_t* ind
                                 cudaStream_t stream);
 
 // ---- scatter: out[indices[i]] = values[i] --------------------------------------------------------------
-// The range of the indices is checked (one synchronisation) before anything is written.
+// Rows of width >= 1 values: index i is block i of out, out[i width, (i + 1) width) = values[i]. The range
+// of the indices is checked against the num_blocks blocks (one synchronisation) before anything is written.
 struct ScatterResult {
   int64_t lo = 0, hi = 0;   // smallest and largest index
-  bool written = false;     // false when [lo, hi] is not inside [0, numel): nothing was written
+  bool written = false;     // false when [lo, hi] is not inside [0, num_blocks): nothing was written
 };
 template <typename index_t>
-cudaError_t scatter(void* out, int64_t numel, const index_t* indices, const void* values, ValueKind kind,
-                    int64_t count, Workspace& ws, ScatterResult& result, cudaStream_t stream);
+cudaError_t scatter(void* out, int64_t num_blocks, int64_t width, const index_t* indices, const void* values,
+                    ValueKind kind, int64_t count, Workspace& ws, ScatterResult& result, cudaStream_t stream);
 
 }  // namespace gpu
 }  // namespace zen

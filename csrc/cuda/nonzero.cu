@@ -2,6 +2,8 @@
 // element (1/32 of an fp32 buffer) and a count per tile of 8192 elements. A scan of the tile counts and
 // one host read of the total (to size the outputs) follow; pass 2 then walks the bits and gathers only
 // the non-zero values, so the dense buffer is read about once in all.
+// The block variants add one pass over those bits (a block holds a non-zero iff one of its bits is set),
+// then gather the chosen blocks one thread per element, so the rows are read and written coalesced.
 #include <cstring>
 
 #include "kernels.cuh"
@@ -69,9 +71,40 @@ struct NonzeroWriter {
   }
 };
 
-}  // namespace
+// Block b (of width elements) holds a non-zero iff one of the element bits [b width, (b + 1) width) is set.
+struct BlockHasNonzero {
+  const uint32_t* words;  // the element bits
+  int64_t width;
+  __device__ bool operator()(int64_t b) const {
+    const int64_t lo = b * width, last = lo + width - 1;
+    const int64_t w0 = lo >> 5, w1 = last >> 5;
+    for (int64_t w = w0; w <= w1; ++w) {
+      uint32_t m = words[w];
+      if (w == w0) m &= ~0u << (lo & 31);
+      if (w == w1) m &= ~0u >> (31 - (last & 31));
+      if (m) return true;
+    }
+    return false;
+  }
+};
 
-cudaError_t nonzero_count(const void* dense, int64_t numel, ValueKind kind, Workspace& ws, NonzeroPlan& plan,
+template <typename index_t>
+struct IdWriter {
+  index_t* ids;
+  __device__ void operator()(int64_t k, int64_t block) const { ids[k] = static_cast<index_t>(block); }
+};
+
+// rows[k, j] = data[ids[k] width + j], one thread per element of the rows.
+template <typename U, typename index_t>
+__global__ void gather_blocks_kernel(const U* data, const index_t* ids, int64_t count, int64_t width, U* rows) {
+  for (int64_t t = global_thread(); t < count * width; t += grid_stride()) {
+    const int64_t k = t / width;
+    rows[t] = __ldg(data + static_cast<int64_t>(ids[k]) * width + (t - k * width));
+  }
+}
+
+// Pass 1 of nonzero: the element bits and the inclusive ends of their tile counts, left on the device.
+cudaError_t mask_elements(const void* dense, int64_t numel, ValueKind kind, Workspace& ws, NonzeroPlan& plan,
                           cudaStream_t stream) {
   plan = NonzeroPlan{};
   plan.dense = dense;
@@ -90,7 +123,41 @@ cudaError_t nonzero_count(const void* dense, int64_t numel, ValueKind kind, Work
         plan.words, plan.tile_ends);
     return cudaGetLastError();
   }));
-  ZEN_CUDA_TRY(scan_tiles(plan.tile_ends, plan.num_tiles, ws, stream));
+  return scan_tiles(plan.tile_ends, plan.num_tiles, ws, stream);
+}
+
+// Pass 2 of the block variants: the block bits and their tile ends, left on the device. Blocks of one
+// element are the elements: their bits are reused as they are.
+cudaError_t mask_blocks(const void* dense, int64_t num_blocks, int64_t width, ValueKind kind, Workspace& ws,
+                        NonzeroBlocksPlan& plan, cudaStream_t stream) {
+  plan = NonzeroBlocksPlan{};
+  plan.width = width;
+  plan.num_blocks = num_blocks;
+  ZEN_CUDA_TRY(mask_elements(dense, num_blocks * width, kind, ws, plan.elements, stream));
+  if (num_blocks == 0) return cudaSuccess;
+  if (width == 1) {
+    plan.words = plan.elements.words;
+    plan.tile_ends = plan.elements.tile_ends;
+    plan.num_words = plan.elements.num_words;
+    plan.num_tiles = plan.elements.num_tiles;
+    return cudaSuccess;
+  }
+  plan.num_words = ceil_div(num_blocks, 32);
+  plan.num_tiles = ceil_div(plan.num_words, kTileWords);
+  plan.words = ws.get_n<uint32_t>(plan.num_words);
+  plan.tile_ends = ws.get_n<int64_t>(plan.num_tiles);
+  flag_words_kernel<<<static_cast<unsigned>(plan.num_tiles), kThreads, 0, stream>>>(
+      num_blocks, plan.num_words, BlockHasNonzero{plan.elements.words, width}, plan.words, plan.tile_ends);
+  ZEN_CUDA_TRY(cudaGetLastError());
+  return scan_tiles(plan.tile_ends, plan.num_tiles, ws, stream);
+}
+
+}  // namespace
+
+cudaError_t nonzero_count(const void* dense, int64_t numel, ValueKind kind, Workspace& ws, NonzeroPlan& plan,
+                          cudaStream_t stream) {
+  ZEN_CUDA_TRY(mask_elements(dense, numel, kind, ws, plan, stream));
+  if (numel == 0) return cudaSuccess;
   return read_to_host(&plan.nnz, plan.tile_ends + plan.num_tiles - 1, sizeof(int64_t), stream);
 }
 
@@ -104,8 +171,46 @@ cudaError_t nonzero_write(const NonzeroPlan& plan, index_t* indices, void* value
   });
 }
 
+cudaError_t nonzero_blocks_count(const void* dense, int64_t num_blocks, int64_t width, ValueKind kind, Workspace& ws,
+                                 NonzeroBlocksPlan& plan, cudaStream_t stream) {
+  ZEN_CUDA_TRY(mask_blocks(dense, num_blocks, width, kind, ws, plan, stream));
+  if (num_blocks == 0) return cudaSuccess;
+  return read_to_host(&plan.nnz_blocks, plan.tile_ends + plan.num_tiles - 1, sizeof(int64_t), stream);
+}
+
+template <typename index_t>
+cudaError_t nonzero_blocks_write(const NonzeroBlocksPlan& plan, index_t* ids, void* rows, cudaStream_t stream) {
+  if (plan.nnz_blocks == 0) return cudaSuccess;
+  return with_bits(plan.elements.kind, [&](auto tag) {
+    using U = decltype(tag);
+    const auto* data = static_cast<const U*>(plan.elements.dense);
+    if (plan.width == 1)  // a block is an element: nonzero's own writer
+      return expand_bits(plan.words, plan.num_words, plan.tile_ends,
+                         NonzeroWriter<U, index_t>{data, ids, static_cast<U*>(rows)}, stream);
+    ZEN_CUDA_TRY(expand_bits(plan.words, plan.num_words, plan.tile_ends, IdWriter<index_t>{ids}, stream));
+    gather_blocks_kernel<U, index_t><<<grid_for(plan.nnz_blocks * plan.width), kThreads, 0, stream>>>(
+        data, ids, plan.nnz_blocks, plan.width, static_cast<U*>(rows));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t count_nonzero(const void* dense, int64_t num_blocks, int64_t width, ValueKind kind, int64_t* counts,
+                          Workspace& ws, cudaStream_t stream) {
+  ZEN_CUDA_TRY(cudaMemsetAsync(counts, 0, 2 * sizeof(int64_t), stream));
+  NonzeroBlocksPlan plan;
+  ZEN_CUDA_TRY(mask_blocks(dense, num_blocks, width, kind, ws, plan, stream));
+  if (num_blocks == 0) return cudaSuccess;
+  // The totals are the last tile ends: copied on the device, so the caller decides when to wait.
+  ZEN_CUDA_TRY(cudaMemcpyAsync(counts, plan.elements.tile_ends + plan.elements.num_tiles - 1, sizeof(int64_t),
+                               cudaMemcpyDeviceToDevice, stream));
+  return cudaMemcpyAsync(counts + 1, plan.tile_ends + plan.num_tiles - 1, sizeof(int64_t), cudaMemcpyDeviceToDevice,
+                         stream);
+}
+
 template cudaError_t nonzero_write<int32_t>(const NonzeroPlan&, int32_t*, void*, cudaStream_t);
 template cudaError_t nonzero_write<int64_t>(const NonzeroPlan&, int64_t*, void*, cudaStream_t);
+template cudaError_t nonzero_blocks_write<int32_t>(const NonzeroBlocksPlan&, int32_t*, void*, cudaStream_t);
+template cudaError_t nonzero_blocks_write<int64_t>(const NonzeroBlocksPlan&, int64_t*, void*, cudaStream_t);
 
 }  // namespace gpu
 }  // namespace zen

@@ -79,6 +79,38 @@ std::tuple<at::Tensor, at::Tensor> nonzero_cuda(const at::Tensor& dense) {
   return {indices, values};
 }
 
+std::tuple<at::Tensor, at::Tensor> nonzero_blocks_cuda(const at::Tensor& dense, int64_t block_size) {
+  check_1d(dense, "dense");
+  check_cuda(dense, "dense");
+  const int64_t blocks = num_blocks(dense, block_size);
+  const auto kind = value_kind(dense.scalar_type(), "dense");
+  const c10::cuda::CUDAGuard guard(dense.device());
+  const cudaStream_t stream = current_stream();
+  TensorWorkspace ws(dense.device());
+  gpu::NonzeroBlocksPlan plan;
+  C10_CUDA_CHECK(gpu::nonzero_blocks_count(dense.const_data_ptr(), blocks, block_size, kind, ws, plan, stream));
+  auto ids = at::empty({plan.nnz_blocks}, dense.options().dtype(index_type_for(blocks)));
+  auto rows = at::empty({plan.nnz_blocks, block_size}, dense.options());
+  AT_DISPATCH_INDEX_TYPES(ids.scalar_type(), "zen_nonzero_blocks_cuda", [&] {
+    C10_CUDA_CHECK(gpu::nonzero_blocks_write<index_t>(plan, ids.data_ptr<index_t>(), rows.data_ptr(), stream));
+  });
+  return {ids, rows};
+}
+
+// On the device, like every output here: nothing waits until the caller reads it.
+at::Tensor count_nonzero_cuda(const at::Tensor& dense, int64_t block_size) {
+  check_1d(dense, "dense");
+  check_cuda(dense, "dense");
+  const int64_t blocks = num_blocks(dense, block_size);
+  const auto kind = value_kind(dense.scalar_type(), "dense");
+  const c10::cuda::CUDAGuard guard(dense.device());
+  TensorWorkspace ws(dense.device());
+  auto out = at::empty({2}, dense.options().dtype(at::kLong));
+  C10_CUDA_CHECK(gpu::count_nonzero(dense.const_data_ptr(), blocks, block_size, kind, out.data_ptr<int64_t>(), ws,
+                                    current_stream()));
+  return out;
+}
+
 at::Tensor hash_partition_cuda(const at::Tensor& indices, int64_t num_partitions, int64_t seed) {
   check_index(indices, "indices");
   check_cuda(indices, "indices");
@@ -107,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> partition_cuda(
   TensorWorkspace ws(indices.device());
   const int64_t nnz = indices.numel();
   auto out_indices = at::empty({nnz}, indices.options());
-  auto out_values = at::empty({nnz}, values.options());
+  auto out_values = at::empty(values.sizes(), values.options());  // [nnz] or rows [nnz, b]
   auto counts = at::empty({num_partitions}, indices.options().dtype(at::kLong));
   auto stats = at::empty({3}, indices.options().dtype(at::kLong));
   gpu::PartitionArgs args;
@@ -118,9 +150,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> partition_cuda(
   args.serial_factor = serial_factor;
   gpu::PartitionResult result;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "zen_partition_cuda", [&] {
-    C10_CUDA_CHECK(gpu::partition<index_t>(indices.const_data_ptr<index_t>(), values.const_data_ptr(), kind, nnz, args,
-                                           out_indices.data_ptr<index_t>(), out_values.data_ptr(),
-                                           counts.data_ptr<int64_t>(), stats.data_ptr<int64_t>(), ws, result, stream));
+    C10_CUDA_CHECK(gpu::partition<index_t>(indices.const_data_ptr<index_t>(), values.const_data_ptr(), kind, nnz,
+                                           row_width(values), args, out_indices.data_ptr<index_t>(),
+                                           out_values.data_ptr(), counts.data_ptr<int64_t>(),
+                                           stats.data_ptr<int64_t>(), ws, result, stream));
   });
   TORCH_INTERNAL_ASSERT(num_probes == 0 || result.fallback || result.compacted == nnz, "zen partition (CUDA) found ", result.compacted,
                         " of ", nnz, " elements in its tables");
@@ -142,8 +175,9 @@ std::tuple<at::Tensor, at::Tensor> aggregate_cuda(const at::Tensor& indices, con
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "zen_aggregate_cuda", [&] {
     gpu::AggregatePlan plan;
     C10_CUDA_CHECK(gpu::aggregate_prepare<index_t>(indices.const_data_ptr<index_t>(), values.const_data_ptr(), kind,
-                                                   indices.numel(), numel, static_cast<uint32_t>(num_partitions),
-                                                   static_cast<uint64_t>(seed), partition, ws, plan, stream));
+                                                   indices.numel(), row_width(values), numel,
+                                                   static_cast<uint32_t>(num_partitions), static_cast<uint64_t>(seed),
+                                                   partition, ws, plan, stream));
     if (plan.first_bad >= 0) {  // the CPU op's first failing check on the first invalid element
       const int64_t index = plan.bad_index;
       TORCH_CHECK(index >= 0 && index < numel, "received index ", index, " is outside [0, ", numel,
@@ -152,7 +186,8 @@ std::tuple<at::Tensor, at::Tensor> aggregate_cuda(const at::Tensor& indices, con
                   ": corrupt buffer or peers with different seeds");
     }
     out_indices = at::empty({plan.num_unique}, indices.options());
-    out_values = at::empty({plan.num_unique}, values.options());
+    out_values = values.dim() == 1 ? at::empty({plan.num_unique}, values.options())
+                                   : at::empty({plan.num_unique, values.size(1)}, values.options());
     C10_CUDA_CHECK(gpu::aggregate_write<index_t>(plan, out_indices.data_ptr<index_t>(), out_values.data_ptr(), stream));
   });
   return {out_indices, out_values};
@@ -231,6 +266,7 @@ void scatter_cuda(at::Tensor& out, const at::Tensor& indices, const at::Tensor& 
   check_1d(out, "out");
   TORCH_CHECK(out.scalar_type() == values.scalar_type(), "out and values must have the same dtype, got ",
               out.scalar_type(), " and ", values.scalar_type());
+  const int64_t width = row_width(values), blocks = num_blocks(out, width);  // out as rows of the values' width
   check_cuda(out, "out");
   check_same_device(out, "out", indices, "indices");
   const auto kind = value_kind(values.scalar_type(), "values");
@@ -239,17 +275,19 @@ void scatter_cuda(at::Tensor& out, const at::Tensor& indices, const at::Tensor& 
   TensorWorkspace ws(out.device());
   gpu::ScatterResult result;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "zen_scatter_cuda", [&] {
-    C10_CUDA_CHECK(gpu::scatter<index_t>(out.data_ptr(), out.numel(), indices.const_data_ptr<index_t>(),
+    C10_CUDA_CHECK(gpu::scatter<index_t>(out.data_ptr(), blocks, width, indices.const_data_ptr<index_t>(),
                                          values.const_data_ptr(), kind, indices.numel(), ws, result, stream));
   });
   TORCH_CHECK(result.written, "scatter index out of range: [", result.lo, ", ", result.hi, "] for an output of ",
-              out.numel(), " elements");
+              blocks, " blocks");
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(zen, CUDA, m) {
   m.impl("nonzero", &nonzero_cuda);
+  m.impl("nonzero_blocks", &nonzero_blocks_cuda);
+  m.impl("count_nonzero", &count_nonzero_cuda);
   m.impl("hash_partition", &hash_partition_cuda);
   m.impl("partition", &partition_cuda);
   m.impl("aggregate", &aggregate_cuda);

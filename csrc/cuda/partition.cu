@@ -13,6 +13,7 @@
 //    by partition id, and the gather again.
 // num_probes == 0 runs that stable sort alone, as the CPU op does (stats [0, 0, 0]; an ascending input's
 // pieces stay ascending).
+// Rows of values (width != 1) change only the gather: a row moves whole with its index.
 // The region sizes need the counts, which stay on the device: the regions are allocated for an upper
 // bound of their total, so the only synchronisation is step 5.
 #include <cub/block/block_scan.cuh>
@@ -146,6 +147,35 @@ __global__ void gather_kernel(const pos_t* order, pos_t offset, const long long*
   }
 }
 
+// The same for rows of width values: one thread per value, so a row is read and written coalesced; the
+// thread of a row's first value moves its index (width 0: one thread per row, indices only).
+template <typename index_t, typename U, typename pos_t>
+__global__ void gather_rows_kernel(const pos_t* order, pos_t offset, const long long* limit, int64_t nnz,
+                                   int64_t width, const index_t* indices, const U* values, index_t* out_indices,
+                                   U* out_values) {
+  const int64_t valid = limit ? min(static_cast<long long>(nnz), *limit) : nnz;
+  const int64_t per_row = width > 0 ? width : 1;
+  for (int64_t t = global_thread(); t < valid * per_row; t += grid_stride()) {
+    const int64_t k = t / per_row, j = t - k * per_row;
+    const int64_t pos = static_cast<int64_t>(order[k] - offset);
+    if (j == 0) out_indices[k] = indices[pos];
+    if (j < width) out_values[t] = values[pos * width + j];
+  }
+}
+
+// Moves (index, value or row) from input position order[k] - offset to output position k.
+template <typename index_t, typename U, typename pos_t>
+cudaError_t gather(const pos_t* order, pos_t offset, const long long* limit, int64_t nnz, int64_t width,
+                   const index_t* indices, const U* values, index_t* out_indices, U* out_values, cudaStream_t stream) {
+  if (width == 1)
+    gather_kernel<index_t, U, pos_t><<<grid_for(nnz), kThreads, 0, stream>>>(order, offset, limit, nnz, indices, values,
+                                                                            out_indices, out_values);
+  else
+    gather_rows_kernel<index_t, U, pos_t><<<grid_for(nnz * std::max<int64_t>(width, 1)), kThreads, 0, stream>>>(
+        order, offset, limit, nnz, width, indices, values, out_indices, out_values);
+  return cudaGetLastError();
+}
+
 __global__ void stats_kernel(const unsigned long long* status, int64_t nnz, bool fallback, int64_t* stats) {
   const int64_t serial = fallback ? 0 : static_cast<int64_t>(status[kSerialPlaced]);
   stats[0] = fallback ? 0 : nnz - serial;  // the CPU op reports [0, 0, 1] after a fallback
@@ -163,7 +193,7 @@ int64_t region_capacity(int64_t nnz, uint32_t n, double table_factor, double ser
 }
 
 template <typename index_t, typename U, typename slot_t>
-cudaError_t hash_path(const index_t* indices, const U* values, int64_t nnz, const PartitionArgs& args,
+cudaError_t hash_path(const index_t* indices, const U* values, int64_t nnz, int64_t width, const PartitionArgs& args,
                       const Region* regions, index_t* out_indices, U* out_values, unsigned long long* status,
                       Workspace& ws, cudaStream_t stream) {
   const uint32_t n = args.num_partitions;
@@ -181,15 +211,15 @@ cudaError_t hash_path(const index_t* indices, const U* values, int64_t nnz, cons
   ZEN_CUDA_TRY(run_cub(ws, [&](void* temp, size_t& bytes) {
     return cub::DeviceSelect::If(temp, bytes, slots, order, compacted, capacity, Occupied<slot_t>{}, stream);
   }));
-  gather_kernel<index_t, U, slot_t><<<grid_for(nnz), kThreads, 0, stream>>>(
-      order, slot_t(1), compacted, nnz, indices, values, out_indices, out_values);
-  return cudaGetLastError();
+  return gather<index_t, U, slot_t>(order, slot_t(1), compacted, nnz, width, indices, values, out_indices, out_values,
+                                    stream);
 }
 
 // The exact fallback: positions stably sorted by partition id (LSD radix sort is stable).
 template <typename index_t, typename U>
-cudaError_t fallback_path(const index_t* indices, const U* values, int64_t nnz, const PartitionArgs& args,
-                          index_t* out_indices, U* out_values, Workspace& ws, cudaStream_t stream) {
+cudaError_t fallback_path(const index_t* indices, const U* values, int64_t nnz, int64_t width,
+                          const PartitionArgs& args, index_t* out_indices, U* out_values, Workspace& ws,
+                          cudaStream_t stream) {
   const uint32_t n = args.num_partitions;
   auto* positions = ws.get_n<int64_t>(nnz);
   iota_kernel<<<grid_for(nnz), kThreads, 0, stream>>>(positions, nnz);
@@ -208,9 +238,8 @@ cudaError_t fallback_path(const index_t* indices, const U* values, int64_t nnz, 
     }));
     order = sorted;
   }
-  gather_kernel<index_t, U, int64_t><<<grid_for(nnz), kThreads, 0, stream>>>(
-      order, int64_t{0}, nullptr, nnz, indices, values, out_indices, out_values);
-  return cudaGetLastError();
+  return gather<index_t, U, int64_t>(order, int64_t{0}, nullptr, nnz, width, indices, values, out_indices, out_values,
+                                     stream);
 }
 
 }  // namespace
@@ -224,7 +253,7 @@ cudaError_t hash_partition(const index_t* indices, int64_t count, uint32_t num_p
 }
 
 template <typename index_t>
-cudaError_t partition(const index_t* indices, const void* values, ValueKind kind, int64_t nnz,
+cudaError_t partition(const index_t* indices, const void* values, ValueKind kind, int64_t nnz, int64_t width,
                       const PartitionArgs& args, index_t* out_indices, void* out_values, int64_t* counts,
                       int64_t* stats, Workspace& ws, PartitionResult& result, cudaStream_t stream) {
   result = PartitionResult{};
@@ -241,7 +270,7 @@ cudaError_t partition(const index_t* indices, const void* values, ValueKind kind
   if (args.num_probes == 0) {  // no tables: the stable sort is the method; stats stay [0, 0, 0]
     return with_bits(kind, [&](auto tag) {
       using U = decltype(tag);
-      return fallback_path<index_t, U>(indices, static_cast<const U*>(values), nnz, args, out_indices,
+      return fallback_path<index_t, U>(indices, static_cast<const U*>(values), nnz, width, args, out_indices,
                                        static_cast<U*>(out_values), ws, stream);
     });
   }
@@ -258,10 +287,10 @@ cudaError_t partition(const index_t* indices, const void* values, ValueKind kind
     using U = decltype(tag);
     // 32-bit slots while positions + 1 fit: half the table traffic of 64-bit ones.
     if (nnz < static_cast<int64_t>(UINT32_MAX))
-      return hash_path<index_t, U, uint32_t>(indices, static_cast<const U*>(values), nnz, args, regions, out_indices,
-                                             static_cast<U*>(out_values), status, ws, stream);
-    return hash_path<index_t, U, uint64_t>(indices, static_cast<const U*>(values), nnz, args, regions, out_indices,
-                                           static_cast<U*>(out_values), status, ws, stream);
+      return hash_path<index_t, U, uint32_t>(indices, static_cast<const U*>(values), nnz, width, args, regions,
+                                             out_indices, static_cast<U*>(out_values), status, ws, stream);
+    return hash_path<index_t, U, uint64_t>(indices, static_cast<const U*>(values), nnz, width, args, regions,
+                                           out_indices, static_cast<U*>(out_values), status, ws, stream);
   }));
   stats_kernel<<<1, 1, 0, stream>>>(status, nnz, false, stats);
   ZEN_CUDA_TRY(cudaGetLastError());
@@ -274,7 +303,7 @@ cudaError_t partition(const index_t* indices, const void* values, ValueKind kind
   result.fallback = true;
   ZEN_CUDA_TRY(with_bits(kind, [&](auto tag) {
     using U = decltype(tag);
-    return fallback_path<index_t, U>(indices, static_cast<const U*>(values), nnz, args, out_indices,
+    return fallback_path<index_t, U>(indices, static_cast<const U*>(values), nnz, width, args, out_indices,
                                      static_cast<U*>(out_values), ws, stream);
   }));
   stats_kernel<<<1, 1, 0, stream>>>(status, nnz, true, stats);
@@ -283,10 +312,12 @@ cudaError_t partition(const index_t* indices, const void* values, ValueKind kind
 
 template cudaError_t hash_partition<int32_t>(const int32_t*, int64_t, uint32_t, uint64_t, int32_t*, cudaStream_t);
 template cudaError_t hash_partition<int64_t>(const int64_t*, int64_t, uint32_t, uint64_t, int32_t*, cudaStream_t);
-template cudaError_t partition<int32_t>(const int32_t*, const void*, ValueKind, int64_t, const PartitionArgs&, int32_t*,
-                                        void*, int64_t*, int64_t*, Workspace&, PartitionResult&, cudaStream_t);
-template cudaError_t partition<int64_t>(const int64_t*, const void*, ValueKind, int64_t, const PartitionArgs&, int64_t*,
-                                        void*, int64_t*, int64_t*, Workspace&, PartitionResult&, cudaStream_t);
+template cudaError_t partition<int32_t>(const int32_t*, const void*, ValueKind, int64_t, int64_t, const PartitionArgs&,
+                                        int32_t*, void*, int64_t*, int64_t*, Workspace&, PartitionResult&,
+                                        cudaStream_t);
+template cudaError_t partition<int64_t>(const int64_t*, const void*, ValueKind, int64_t, int64_t, const PartitionArgs&,
+                                        int64_t*, void*, int64_t*, int64_t*, Workspace&, PartitionResult&,
+                                        cudaStream_t);
 
 }  // namespace gpu
 }  // namespace zen

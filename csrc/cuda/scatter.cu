@@ -1,6 +1,7 @@
 // Scatter on the GPU: the smallest and largest index first (one synchronisation, so an out-of-range index
 // fails the op before anything is written, as on the CPU), then out[indices[i]] = values[i], values moved
-// as raw bits of their width.
+// as raw bits of their width. Rows (width != 1) are written one thread per value: index i fills block i of
+// out, out[i width + j] = values[i, j], so a row's writes are contiguous.
 #include <climits>
 
 #include "kernels.cuh"
@@ -50,11 +51,19 @@ __global__ void scatter_kernel(U* out, const index_t* indices, const U* values, 
   for (int64_t i = global_thread(); i < count; i += grid_stride()) out[indices[i]] = values[i];
 }
 
+template <typename index_t, typename U>
+__global__ void scatter_rows_kernel(U* out, const index_t* indices, const U* values, int64_t count, int64_t width) {
+  for (int64_t t = global_thread(); t < count * width; t += grid_stride()) {
+    const int64_t i = t / width;
+    out[static_cast<int64_t>(indices[i]) * width + (t - i * width)] = values[t];
+  }
+}
+
 }  // namespace
 
 template <typename index_t>
-cudaError_t scatter(void* out, int64_t numel, const index_t* indices, const void* values, ValueKind kind,
-                    int64_t count, Workspace& ws, ScatterResult& result, cudaStream_t stream) {
+cudaError_t scatter(void* out, int64_t num_blocks, int64_t width, const index_t* indices, const void* values,
+                    ValueKind kind, int64_t count, Workspace& ws, ScatterResult& result, cudaStream_t stream) {
   result = ScatterResult{};
   if (count == 0) {
     result.written = true;
@@ -69,21 +78,25 @@ cudaError_t scatter(void* out, int64_t numel, const index_t* indices, const void
   ZEN_CUDA_TRY(read_to_host(host, range, sizeof(host), stream));
   result.lo = host[0];
   result.hi = host[1];
-  if (result.lo < 0 || result.hi >= numel) return cudaSuccess;
+  if (result.lo < 0 || result.hi >= num_blocks) return cudaSuccess;
   ZEN_CUDA_TRY(with_bits(kind, [&](auto tag) {
     using U = decltype(tag);
-    scatter_kernel<<<grid_for(count), kThreads, 0, stream>>>(static_cast<U*>(out), indices,
-                                                             static_cast<const U*>(values), count);
+    if (width == 1)
+      scatter_kernel<<<grid_for(count), kThreads, 0, stream>>>(static_cast<U*>(out), indices,
+                                                               static_cast<const U*>(values), count);
+    else
+      scatter_rows_kernel<<<grid_for(count * width), kThreads, 0, stream>>>(static_cast<U*>(out), indices,
+                                                                             static_cast<const U*>(values), count, width);
     return cudaGetLastError();
   }));
   result.written = true;
   return cudaSuccess;
 }
 
-template cudaError_t scatter<int32_t>(void*, int64_t, const int32_t*, const void*, ValueKind, int64_t, Workspace&,
-                                      ScatterResult&, cudaStream_t);
-template cudaError_t scatter<int64_t>(void*, int64_t, const int64_t*, const void*, ValueKind, int64_t, Workspace&,
-                                      ScatterResult&, cudaStream_t);
+template cudaError_t scatter<int32_t>(void*, int64_t, int64_t, const int32_t*, const void*, ValueKind, int64_t,
+                                      Workspace&, ScatterResult&, cudaStream_t);
+template cudaError_t scatter<int64_t>(void*, int64_t, int64_t, const int64_t*, const void*, ValueKind, int64_t,
+                                      Workspace&, ScatterResult&, cudaStream_t);
 
 }  // namespace gpu
 }  // namespace zen

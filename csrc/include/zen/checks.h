@@ -15,12 +15,26 @@ inline void check_index(const at::Tensor& t, const char* name) {
               " must be int32 or int64, got ", t.scalar_type());
 }
 
+// values holds one value per index ([k]) or one row of b values per index ([k, b]: a block of the tensor).
 inline void check_pair(const at::Tensor& indices, const at::Tensor& values) {
   check_index(indices, "indices");
-  check_1d(values, "values");
-  TORCH_CHECK(indices.numel() == values.numel(), "indices and values must have the same length, got ",
-              indices.numel(), " and ", values.numel());
+  TORCH_CHECK(values.dim() == 1 || values.dim() == 2, "values must be 1-D, or 2-D rows, got ", values.dim(),
+              " dimensions");
+  TORCH_CHECK(values.is_contiguous(), "values must be contiguous");
+  TORCH_CHECK(indices.numel() == values.size(0), "indices and values must have the same length, got ",
+              indices.numel(), " and ", values.size(0));
   TORCH_CHECK(indices.device() == values.device(), "indices and values must be on the same device");
+}
+
+// Values per index: 1 for [k] values, b for [k, b] rows.
+inline int64_t row_width(const at::Tensor& values) { return values.dim() == 2 ? values.size(1) : 1; }
+
+// A dense tensor seen as rows of block_size elements: the block size must divide it.
+inline int64_t num_blocks(const at::Tensor& dense, int64_t block_size) {
+  TORCH_CHECK(block_size >= 1, "block_size must be >= 1, got ", block_size);
+  TORCH_CHECK(dense.numel() % block_size == 0, "block_size ", block_size, " does not divide the tensor's ",
+              dense.numel(), " elements");
+  return dense.numel() / block_size;
 }
 
 inline void check_partitions(int64_t n) {
