@@ -569,24 +569,33 @@ def main(argv=None):
     except (ClusterSetupError, ValueError) as e:
         print(f"cluster.py: error: {e}", file=sys.stderr)
         return 2
+
+    def run(cluster):
+        codes = cluster.run(cmd, all_stdout=args.all_stdout, fail_grace=args.fail_grace, timeout=args.timeout)
+        if cluster.timed_out:
+            print(f"cluster.py: timed out after {args.timeout:g} s (exit codes {codes})", file=sys.stderr)
+        elif cluster.first_failure is not None:
+            rank, code = cluster.first_failure
+            print(f"cluster.py: rank {rank} failed first, exit code {code} (all: {codes})", file=sys.stderr)
+        return exit_code(codes, cluster.timed_out, cluster.first_failure)
+
+    return run_on(cluster, run, "cluster.py")
+
+
+def run_on(cluster, body, prog: str) -> int:
+    """A CLI's exit code for ``body(cluster)`` run inside the cluster: its own, or 2 for a setup error, 130 for
+    Ctrl-C, 128 + the signal for a SIGTERM/SIGHUP (the cluster is cleaned up in every case)."""
     try:
         with cluster:
-            codes = cluster.run(cmd, all_stdout=args.all_stdout, fail_grace=args.fail_grace,
-                                timeout=args.timeout)
-            if cluster.timed_out:
-                print(f"cluster.py: timed out after {args.timeout:g} s (exit codes {codes})", file=sys.stderr)
-            elif cluster.first_failure is not None:
-                rank, code = cluster.first_failure
-                print(f"cluster.py: rank {rank} failed first, exit code {code} (all: {codes})", file=sys.stderr)
-            return exit_code(codes, cluster.timed_out, cluster.first_failure)
+            return body(cluster)
     except ClusterSetupError as e:
-        print(f"cluster.py: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("cluster.py: interrupted, cleaned up", file=sys.stderr)
+        print(f"{prog}: interrupted, cleaned up", file=sys.stderr)
         return 130
     except ClusterInterrupted as e:
-        print(f"cluster.py: {e}, cleaned up", file=sys.stderr)
+        print(f"{prog}: {e}, cleaned up", file=sys.stderr)
         return 128 + e.signum
 
 

@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from cluster import (CONGESTION_CONTROL, ClusterInterrupted, ClusterSetupError, EmulatedCluster,
-                     check_prerequisites, format_bits_per_second)
+from cluster import (CONGESTION_CONTROL, ClusterSetupError, EmulatedCluster, check_prerequisites,
+                     format_bits_per_second, run_on)
 
 PORT = 5201
 
@@ -182,18 +182,7 @@ def main(argv=None):
     except (ClusterSetupError, ValueError) as e:
         print(f"cluster_selftest.py: error: {e}", file=sys.stderr)
         return 2
-    try:
-        with cluster:
-            return 0 if selftest(cluster, args.seconds)["ok"] else 1
-    except ClusterSetupError as e:
-        print(f"cluster_selftest.py: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("cluster_selftest.py: interrupted, cleaned up", file=sys.stderr)
-        return 130
-    except ClusterInterrupted as e:
-        print(f"cluster_selftest.py: {e}, cleaned up", file=sys.stderr)
-        return 128 + e.signum
+    return run_on(cluster, lambda c: 0 if selftest(c, args.seconds)["ok"] else 1, "cluster_selftest.py")
 
 
 if __name__ == "__main__":

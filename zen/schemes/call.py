@@ -31,11 +31,12 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     settings = scheme.agreement_settings() if scheme is not None else None
     header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend, allowed)
     shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
+    scheme_name = str(scheme_name)  # (after inspect_call, whose detail names a non-string scheme by its repr)
     if detail:
-        agreement.report(comm, header, detail, shape=shape, scheme_name=str(scheme_name))
+        agreement.report(comm, header, detail, shape=shape, scheme_name=scheme_name)
     if comm.world == 1:
         return tensor
-    call = Call(comm, header, shape, str(scheme_name))
+    call = Call(comm, header, shape, scheme_name)
     agreements = comm.agreements
     try:
         with torch.no_grad():
@@ -46,7 +47,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
         if comm.agreements == agreements:
             # Failed before the first exchange (the other ranks wait in it): tell them, so all raise alike.
             header[-1] = Problem.FAILED_BEFORE_EXCHANGE
-            agreement.report(comm, header, f"{type(error).__name__}: {error}", error, shape, str(scheme_name))
+            agreement.report(comm, header, f"{type(error).__name__}: {error}", error, shape, scheme_name)
         comm.fail(error)
         raise
     except BaseException as error:  # noqa: B036  (KeyboardInterrupt part-way: the protocol is cut)
