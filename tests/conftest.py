@@ -6,9 +6,12 @@ from hypothesis import settings
 # Kernel tests run on ZEN_TEST_DEVICE (default cpu; benchmarks/gpu_check.sh sets cuda).
 DEVICE = os.environ.get("ZEN_TEST_DEVICE", "cpu")
 
-settings.register_profile("default", max_examples=60, deadline=None)
+# Hypothesis profiles. "ci", the default: derandomised, so a run's examples are the same every time (a
+# failure in CI reproduces, and CI never fails on an example no one changed code for). "dev": ten times
+# the examples, randomised, for local runs that go looking (ZEN_HYPOTHESIS=dev python -m pytest ...).
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
-settings.load_profile("ci" if os.environ.get("CI") else "default")
+settings.register_profile("dev", max_examples=600, deadline=None)
+settings.load_profile(os.environ.get("ZEN_HYPOTHESIS") or "ci")
 
 
 @pytest.fixture
