@@ -158,9 +158,21 @@ def _edge_cases(rank, world):
     pairs = [dist.new_group([0, 1]), dist.new_group([1, 2]), dist.new_group([0, 2])]
     mine = singles[rank]
     x = tensor_for(rank, 300, seed=7)
-    out["world1_unchanged"] = outcome(lambda: check(x.clone(), group=mine))
-    out["world1_sparse"] = outcome(lambda: (zen.all_reduce(x.to_sparse(), group=mine), True)[1])
-    out["world1_empty"] = outcome(lambda: check(torch.zeros(0), group=mine))
+    # At world size 1 a call checks its input on this rank (the agreement's local part: a bad dtype still
+    # raises) and then returns before any scheme runs: the sum over one rank is the tensor itself, and
+    # there is no peer to send to. So the tests check that every scheme leaves the tensor as it was.
+    out["world1_unchanged"] = outcome(lambda: [check(x.clone(), group=mine, scheme=s) for s in zen.SCHEMES])
+
+    def world1_sparse():
+        results = []
+        for scheme in zen.SCHEMES:
+            sparse = x.view(30, 10).to_sparse(1)  # rows, as nn.Embedding(sparse=True) gives them
+            zen.all_reduce(sparse, scheme=scheme, group=mine)
+            results.append(sparse.layout == torch.sparse_coo and same(sparse.to_dense(), x.view(30, 10)))
+        return results
+
+    out["world1_sparse"] = outcome(world1_sparse)
+    out["world1_empty"] = outcome(lambda: [check(torch.zeros(0), group=mine, scheme=s) for s in zen.SCHEMES])
     out["world1_bad_dtype"] = outcome(lambda: zen.all_reduce(x.to(torch.int8), group=mine))
     results = []
     for round_ in range(2):
@@ -326,11 +338,14 @@ def test_empty_scalar_nan_inf_views_and_parameters(three_ranks):
 
 
 def test_world_size_one_groups_in_turn(three_ranks):
+    import zen
+
     for rank in range(3):
         out = three_ranks[rank]
-        assert out["world1_unchanged"] == ("ok", True)
-        assert out["world1_sparse"] == ("ok", True)
-        assert out["world1_empty"] == ("ok", True)
+        schemes = len(zen.SCHEMES)  # every scheme (auto included) left the tensor as it was (see _edge_cases)
+        assert out["world1_unchanged"] == ("ok", [True] * schemes)
+        assert out["world1_sparse"] == ("ok", [True] * schemes)
+        assert out["world1_empty"] == ("ok", [True] * schemes)
         assert out["world1_bad_dtype"][0] == "MismatchError" and "torch.int8" in out["world1_bad_dtype"][1]
         kind, results = out["groups_in_turn"]
         # per round: two pairs (a check and a mismatch each), then the world
@@ -375,6 +390,16 @@ def test_scheme_and_state_settings_are_validated():
 
 
 # --- launch 2: faults (4 ranks) -------------------------------------------------------------------------
+def failure(fn):
+    """(exception type name, message, the peers it names as global ranks, or None) of what ``fn`` raised;
+    ("ok", "", None) when it returned."""
+    try:
+        fn()
+        return ("ok", "", None)
+    except Exception as error:  # noqa: BLE001  (recorded and checked by the parent)
+        return (type(error).__name__, str(error), getattr(error, "peers", None))
+
+
 def _faults(rank, world, timeout):
     """Pairs {0, 1} and {2, 3}, each with their own groups.
 
@@ -383,7 +408,7 @@ def _faults(rank, world, timeout):
     2, 3: rank 3 stalls (alive, never calls) while rank 2 queues three calls on group B (torch's 30 min
           default timeout; zen's was given to zen.all_reduce), then one call on group C (zen follows C's
           own timeout); then rank 3 joins a call on group E and dies in its push, after the agreement.
-    Returns the seconds each survivor took to raise, and what it raised."""
+    Returns what each survivor raised (:func:`failure`) and the seconds it took."""
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -406,15 +431,13 @@ def _faults(rank, world, timeout):
             if rank == 1 and step == 1:
                 model[2].weight.register_hook(lambda grad: os._exit(3))  # dies part-way through backward
             start = time.monotonic()
-            try:
-                loss.backward()
-            except Exception as error:  # noqa: BLE001
-                out["ddp"] = (type(error).__name__, str(error)[:300], time.monotonic() - start, step)
+            out["ddp"] = failure(loss.backward) + (time.monotonic() - start, step)
+            if out["ddp"][0] != "ok":
                 break
         start = time.monotonic()
-        out["dead_before"] = outcome(lambda: zen.all_reduce(torch.ones(100), group=group_d)) + (time.monotonic() - start,)
+        out["dead_before"] = failure(lambda: zen.all_reduce(torch.ones(100), group=group_d)) + (time.monotonic() - start,)
         start = time.monotonic()
-        out["after_broken"] = outcome(lambda: zen.all_reduce(torch.ones(100), group=group_d)) + (time.monotonic() - start,)
+        out["after_broken"] = failure(lambda: zen.all_reduce(torch.ones(100), group=group_d)) + (time.monotonic() - start,)
         return out
     zen.all_reduce(torch.ones(10), group=group_b, timeout=timeout)
     zen.all_reduce(torch.ones(10), group=group_c)
@@ -422,16 +445,20 @@ def _faults(rank, world, timeout):
     begin = time.monotonic()
     if rank == 3:
         time.sleep(2 * timeout + 3)  # stalled: rank 2's calls on B and C must time out, not wait for it
-        dist.all_to_all_single = lambda *args, **kwargs: os._exit(3)
+        from zen.transport import Comm
+
+        # Dies in the push's all-to-all, after the agreement (whose all-gather also goes as an all-to-all
+        # on gloo, so the patch is zen's primitive, not torch's).
+        Comm.all_to_all = lambda *args, **kwargs: os._exit(3)
         zen.all_reduce(tensor_for(rank, 1000), group=group_e)
         return {"unexpected": "survived"}
     works = [zen.all_reduce(tensor_for(rank, 1000, seed=i), group=group_b, async_op=True) for i in range(3)]
-    out["wait_timeout"] = outcome(lambda: works[0].wait(timeout=1.0)) + (time.monotonic() - begin,)
-    out["stalled_b"] = [outcome(work.wait) + (time.monotonic() - begin,) for work in works]
+    out["wait_timeout"] = failure(lambda: works[0].wait(timeout=1.0)) + (time.monotonic() - begin,)
+    out["stalled_b"] = [failure(work.wait) + (time.monotonic() - begin,) for work in works]
     start = time.monotonic()
-    out["stalled_c"] = outcome(lambda: zen.all_reduce(tensor_for(rank, 1000), group=group_c)) + (time.monotonic() - start,)
+    out["stalled_c"] = failure(lambda: zen.all_reduce(tensor_for(rank, 1000), group=group_c)) + (time.monotonic() - start,)
     start = time.monotonic()
-    out["dies_during"] = outcome(lambda: zen.all_reduce(tensor_for(rank, 1000), group=group_e)) + (time.monotonic() - start,)
+    out["dies_during"] = failure(lambda: zen.all_reduce(tensor_for(rank, 1000), group=group_e)) + (time.monotonic() - start,)
     out["dies_during_waited_for_peer"] = begin + 2 * timeout + 3 - start
     return out
 
@@ -441,41 +468,75 @@ def faults():
     return run_ranks(4, _faults, PG_TIMEOUT, timeout=300, pg_timeout=PG_TIMEOUT, expect_dead=(1, 3))
 
 
+DEAD_1 = "the connection to rank 1 (group rank 1) broke: it died or exited"  # global rank 1 is group rank 1 of {0, 1}
+DEAD_3 = "the connection to rank 3 (group rank 1) broke: it died or exited"
+STALLED_3 = f"rank 3 (group rank 1) did not answer within the timeout ({PG_TIMEOUT} s)"
+
+
 def test_dead_peer_during_ddp_backward_raises_through_the_hook(faults):
-    kind, message, seconds, step = faults[0]["ddp"]
+    kind, message, peers, seconds, step = faults[0]["ddp"]
     assert step == 1 and seconds < PG_TIMEOUT + MARGIN, faults[0]["ddp"]
+    assert DEAD_1 in message, faults[0]["ddp"]
+    # DDP's reducer turns a failed hook future into "RuntimeError: Unable to cast <the error> to Tensor",
+    # losing the type; once the hook fails its future with the error itself it reaches backward() whole.
+    assert kind == "PeerError" or (kind == "RuntimeError" and message.startswith("Unable to cast zen: ")), kind
 
 
 def test_peer_dead_before_the_call_raises_then_group_is_broken(faults):
-    kind, message, seconds = faults[0]["dead_before"]
-    assert kind in ("RuntimeError", "DistBackendError") and seconds < PG_TIMEOUT + MARGIN, faults[0]["dead_before"]
-    kind, message, seconds = faults[0]["after_broken"]
-    assert kind == "BrokenGroupError" and "unusable" in message and seconds < 1.0, faults[0]["after_broken"]
+    kind, message, peers, seconds = faults[0]["dead_before"]
+    assert kind == "PeerError" and DEAD_1 in message and peers == (1,), faults[0]["dead_before"]
+    assert "Backend error: RuntimeError: " in message and seconds < PG_TIMEOUT + MARGIN, faults[0]["dead_before"]
+    kind, message, peers, seconds = faults[0]["after_broken"]
+    assert kind == "BrokenGroupError" and "unusable" in message and DEAD_1 in message, faults[0]["after_broken"]
+    assert seconds < 1.0, faults[0]["after_broken"]
 
 
 def test_stalled_peer_times_out_at_zens_timeout_and_queued_calls_fail_fast(faults):
-    (k1, m1, t1), (k2, m2, t2), (k3, m3, t3) = faults[2]["stalled_b"]
-    assert k1 in ("RuntimeError", "DistBackendError") and "Timed out" in m1, faults[2]["stalled_b"]
+    (k1, m1, p1, t1), (k2, m2, _, t2), (k3, m3, _, t3) = faults[2]["stalled_b"]
+    assert k1 == "PeerError" and STALLED_3 in m1 and "Timed out" in m1 and p1 == (3,), faults[2]["stalled_b"]
     assert PG_TIMEOUT - 1 <= t1 < PG_TIMEOUT + MARGIN, faults[2]["stalled_b"]
-    assert k2 == k3 == "BrokenGroupError" and t3 - t1 < 1.0, faults[2]["stalled_b"]
+    assert k2 == k3 == "BrokenGroupError" and STALLED_3 in m2 and STALLED_3 in m3, faults[2]["stalled_b"]
+    assert t3 - t1 < 1.0, faults[2]["stalled_b"]
 
 
 def test_work_wait_with_a_timeout_returns_early(faults):
-    kind, message, seconds = faults[2]["wait_timeout"]
-    assert kind == "TimeoutError" and seconds < 1.0 + MARGIN, faults[2]["wait_timeout"]
+    # A wait's own bound: the collective is still running (it fails later, above), so no peer has failed
+    # yet and there is none to name.
+    kind, message, peers, seconds = faults[2]["wait_timeout"]
+    assert kind == "TimeoutError" and "within 1 s" in message and seconds < 1.0 + MARGIN, faults[2]["wait_timeout"]
 
 
 def test_stalled_peer_times_out_at_the_groups_own_timeout(faults):
-    kind, message, seconds = faults[2]["stalled_c"]
-    assert kind in ("RuntimeError", "DistBackendError") and "Timed out" in message, faults[2]["stalled_c"]
+    kind, message, peers, seconds = faults[2]["stalled_c"]
+    assert kind == "PeerError" and STALLED_3 in message and peers == (3,), faults[2]["stalled_c"]
     assert PG_TIMEOUT - 1 <= seconds < PG_TIMEOUT + MARGIN, faults[2]["stalled_c"]
 
 
 def test_peer_dying_part_way_raises_within_the_timeout(faults):
-    kind, message, seconds = faults[2]["dies_during"]
+    kind, message, peers, seconds = faults[2]["dies_during"]
     waited = max(0.0, faults[2]["dies_during_waited_for_peer"])  # rank 3 was still asleep at first
-    assert kind in ("RuntimeError", "DistBackendError"), faults[2]["dies_during"]
+    assert kind == "PeerError" and DEAD_3 in message and peers == (3,), faults[2]["dies_during"]
+    assert message.startswith("zen: an all-to-all failed"), message  # the push, not the agreement
     assert seconds - waited < PG_TIMEOUT + MARGIN, (seconds, waited)
+
+
+def test_private_group_fallback_warns_once(monkeypatch):
+    """Where torch lacks the helper zen names its groups with, the public fallback (which can wait until the
+    timeout, see _private_group) is used with a warning, once per process."""
+    import warnings
+
+    from zen import transport
+
+    monkeypatch.delattr(dist.distributed_c10d, "_new_process_group_helper")
+    made = []
+    monkeypatch.setattr(dist, "new_group", lambda **kw: made.append(kw) or f"group {len(made)}")
+    monkeypatch.setattr(transport, "_warned_fallback", False)
+    with pytest.warns(RuntimeWarning, match="lacks the private process-group helper"):
+        assert transport._private_group(None, [0, 1], "gloo", None) == "group 1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second warning would raise here
+        assert transport._private_group(None, [0, 1], "gloo", None) == "group 2"
+    assert made == [dict(ranks=[0, 1], backend="gloo", timeout=None, use_local_synchronization=True)] * 2
 
 
 EXIT_SCRIPT = """

@@ -14,13 +14,16 @@ A failure part-way through a collective (a peer died, a timeout, a corrupt buffe
 different points of the protocol. The rank that sees it raises it, and the group is then *broken* on that
 rank: every later call on it raises :class:`BrokenGroupError` at once, queued calls included, instead of
 waiting behind a protocol that can no longer line up. (Bad input is caught earlier, by the agreement:
-:mod:`zen.agreement`.)
+:mod:`zen.agreement`.) The failure itself is raised as :class:`PeerError`, naming the peer this rank was
+waiting on where that is known (the backends' own errors name a socket address, or only the time).
 """
 import atexit
+import contextlib
 import datetime
 import os
 import queue
 import threading
+import warnings
 from collections import OrderedDict
 from typing import List, Optional, Tuple
 
@@ -37,6 +40,17 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 class BrokenGroupError(RuntimeError):
     """Raised by every zen call on a group after a collective on it failed part-way on this rank (a peer
     died, a timeout, a corrupt buffer): the ranks may be out of step, so the group is not used again."""
+
+
+class PeerError(RuntimeError):
+    """A zen collective failed in an exchange with its peers: a peer died (its connection closed), or did
+    not answer within the group's timeout (it stalled, or was itself waiting on another rank). The message
+    names the peer this rank was waiting on where the transport knows it (a point-to-point message, or a
+    group of two), else the peers it may be; then the backend's own error. ``peers``: those global ranks."""
+
+    def __init__(self, message: str, peers: Tuple[int, ...] = ()):
+        super().__init__(message)
+        self.peers = tuple(peers)
 
 
 def group_timeout(group) -> Optional[datetime.timedelta]:
@@ -66,18 +80,28 @@ def _private_group(group, ranks: List[int], backend, timeout, suffix: str = "") 
     zen groups in any order. (``dist.new_group(use_local_synchronization=True)`` names a group after how
     many groups the calling process made before, so ranks whose first zen calls on overlapping groups come
     in different orders would wait on different names until the timeout.) Falls back to that public call
-    where this torch lacks the helper."""
+    where this torch lacks the helper, with a warning (once), since the fallback can hang as said."""
+    global _warned_fallback
     c10d = dist.distributed_c10d
     try:
         helper, store = c10d._new_process_group_helper, c10d._get_default_store()
         name = f"zen:{(group if group is not None else dist.group.WORLD).group_name}{suffix}"
         default_timeout = c10d._get_default_timeout(backend)
-    except (AttributeError, RuntimeError):
+    except (AttributeError, RuntimeError) as missing:
+        if not _warned_fallback:
+            _warned_fallback = True
+            warnings.warn(f"zen: this torch lacks the private process-group helper ({missing}); zen creates its "
+                          "groups with dist.new_group(use_local_synchronization=True) instead, which can wait until "
+                          "the timeout when ranks make their first zen calls on overlapping groups in different "
+                          "orders", RuntimeWarning, stacklevel=2)
         return dist.new_group(ranks=ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
     pg, _ = helper(len(ranks), ranks.index(dist.get_rank()), ranks, backend, store, name,
                    timeout=timeout or default_timeout, group_desc="zen")
     c10d._world.pg_group_ranks[pg] = {global_rank: i for i, global_rank in enumerate(ranks)}
     return pg
+
+
+_warned_fallback = False  # the fallback of _private_group is announced once per process
 
 
 class Lane:
@@ -169,6 +193,38 @@ class Comm:
         if self.broken is None:
             self.broken = f"{type(error).__name__}: {error}"[:2000]
 
+    def peer_text(self, peers: List[int]) -> str:
+        """``peers`` (group ranks) as the message names them: by global rank, then group rank."""
+        if len(peers) == 1:
+            return f"rank {dist.get_global_rank(self.group, peers[0])} (group rank {peers[0]})"
+        return (f"one of ranks {[dist.get_global_rank(self.group, q) for q in peers]} (group ranks {list(peers)}; "
+                f"the backend does not say which)")
+
+    @contextlib.contextmanager
+    def waiting_on(self, what: str, peers: List[int]):
+        """Raise a backend failure inside as :class:`PeerError` naming ``peers`` (group ranks), the ranks this
+        rank waits on in ``what``. In a group of two that is the other rank, whatever the collective."""
+        try:
+            yield
+        except PeerError:
+            raise
+        except RuntimeError as error:  # (DistBackendError is one; gloo raises RuntimeError itself)
+            text, who = str(error), self.peer_text(peers)
+            lower = text.lower()
+            if "timed out" in lower or "timeout" in lower:
+                seconds = f" ({self.timeout.total_seconds():g} s)" if self.timeout is not None else ""
+                cause = f"{who} did not answer within the timeout{seconds}: it stalled, or it waits on another rank"
+            elif any(word in lower for word in ("connection", "closed by peer", "reset by peer", "broken pipe")):
+                cause = f"the connection to {who} broke: it died or exited"
+            else:
+                cause = f"while waiting on {who}"
+            ranks = tuple(dist.get_global_rank(self.group, q) for q in peers)
+            raise PeerError(f"zen: {what} failed on rank {dist.get_rank()} (group rank {self.rank}); {cause}. "
+                            f"Backend error: {type(error).__name__}: {text}", ranks) from error
+
+    def others(self) -> List[int]:
+        return [q for q in range(self.world) if q != self.rank]
+
     def check_usable(self) -> None:
         if self.broken is not None:
             raise BrokenGroupError(
@@ -184,11 +240,17 @@ class Comm:
         there is."""
         mine = torch.tensor(row, dtype=torch.int64, device=self.device)
         rows = torch.empty(self.world * mine.numel(), dtype=torch.int64, device=self.device)
-        if self.backend == "gloo":
-            dist.all_to_all_single(rows, mine.repeat(self.world), group=self.group)
-        else:
-            _all_gather_single(rows, mine, group=self.group)
-        return rows.view(self.world, -1).cpu()
+        with self.waiting_on("an all-gather of rows", self.others()):
+            if self.backend == "gloo":
+                dist.all_to_all_single(rows, mine.repeat(self.world), group=self.group)
+            else:
+                _all_gather_single(rows, mine, group=self.group)
+            return rows.view(self.world, -1).cpu()
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """``dist.all_reduce`` (sum) of ``tensor`` over the group, in place."""
+        with self.waiting_on("an all-reduce", self.others()):
+            dist.all_reduce(tensor, group=self.group)
 
     # --- transport ----------------------------------------------------------------------------------
     def _direction_group(self, src: int, dst: int) -> dist.ProcessGroup:
@@ -204,15 +266,23 @@ class Comm:
         direction at a time); elsewhere they go as one ``batch_isend_irecv`` (so NCCL can pair them)."""
         sends = [(peer, _as_bytes(tensor)) for peer, tensor in sends if tensor.numel()]
         recvs = [(peer, _as_bytes(tensor)) for peer, tensor in recvs if tensor.numel()]
+        peers = sorted({peer for peer, _ in sends + recvs})
         if self.reverse_group is not None:
-            works = [dist.isend(t, group=self._direction_group(self.rank, peer), group_dst=peer) for peer, t in sends]
-            works += [dist.irecv(t, group=self._direction_group(peer, self.rank), group_src=peer) for peer, t in recvs]
-        else:
-            ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(self.group, peer), self.group) for peer, t in sends]
-            ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(self.group, peer), self.group) for peer, t in recvs]
-            works = dist.batch_isend_irecv(ops) if ops else []
-        for work in works:
-            work.wait()
+            # One work per message: a failed wait names its own peer.
+            with self.waiting_on("a point-to-point exchange", peers):
+                works = [("a send", peer, dist.isend(t, group=self._direction_group(self.rank, peer), group_dst=peer))
+                         for peer, t in sends]
+                works += [("a receive", peer, dist.irecv(t, group=self._direction_group(peer, self.rank),
+                                                              group_src=peer)) for peer, t in recvs]
+            for what, peer, work in works:
+                with self.waiting_on(f"{what} in a point-to-point exchange", [peer]):
+                    work.wait()
+            return
+        ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(self.group, peer), self.group) for peer, t in sends]
+        ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(self.group, peer), self.group) for peer, t in recvs]
+        with self.waiting_on("a point-to-point exchange", peers):  # (a batch may come back as one work)
+            for work in dist.batch_isend_irecv(ops) if ops else []:
+                work.wait()
 
     def all_to_all(self, recv: torch.Tensor, send: torch.Tensor, recv_splits: List[int],
                    send_splits: List[int], largest: int) -> None:
@@ -225,7 +295,8 @@ class Comm:
         in a staggered order (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ... so no rank is
         everyone's first peer)."""
         if self.reverse_group is None or not duplex_all_to_all(self.world, largest):
-            dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
+            with self.waiting_on("an all-to-all", self.others()):
+                dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
             return
         n, me = self.world, self.rank
         send_pieces, recv_pieces = wire.split(send, send_splits), wire.split(recv, recv_splits)
