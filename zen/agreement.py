@@ -33,7 +33,7 @@ DEVICE_TYPES = ["cpu", "cuda", "meta", "xpu", "mps", "hpu", "mtia", "privateuseo
 LAYOUTS = {0: "strided", 1: "sparse_coo"}
 BACKEND_DEVICES = {"gloo": {"cpu"}, "nccl": {"cuda"}, "mpi": {"cpu", "cuda"}}
 
-HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "device", "settings", "problem"]
+HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "device", "settings", "block_size", "problem"]
 # Slots after header + [len(extra)] beyond one per rank: a rank's problem message has room even at n = 1.
 SLACK = 8
 _TEXT_SLOTS = 32  # int64 slots of the text exchanged to name a shape or a scheme that differs
@@ -50,6 +50,7 @@ class Problem(enum.IntEnum):
     NOT_A_TENSOR = 5
     FAILED_BEFORE_EXCHANGE = 6
     OVERLAP = 7
+    BLOCK_SIZE = 8
 
     @property
     def message(self) -> str:
@@ -62,6 +63,7 @@ class Problem(enum.IntEnum):
             Problem.FAILED_BEFORE_EXCHANGE: "failed before the exchange",
             Problem.OVERLAP: "tensor has overlapping memory (e.g. from expand()); the sum cannot be written "
                              "back into it",
+            Problem.BLOCK_SIZE: "bad block_size",
         }.get(self, "no problem")
 
 
@@ -105,14 +107,37 @@ def _code(value, values) -> int:
     return values.index(value) if value in values else len(values)
 
 
+def block_size_code(block_size) -> int:
+    """The header's block_size: 0 for None (chosen per call), the int, or -1 for anything else."""
+    if block_size is None:
+        return 0
+    return block_size if isinstance(block_size, int) and not isinstance(block_size, bool) and block_size > 0 else -1
+
+
+def _block_size_problem(tensor: torch.Tensor, block_size) -> str:
+    """Why ``block_size`` cannot reduce ``tensor`` ("" when it can)."""
+    if block_size is None:
+        return ""
+    if block_size_code(block_size) < 1:
+        return f"must be None or a positive int; got {block_size!r}"
+    if tensor.layout == torch.sparse_coo:
+        row = tensor.shape[tensor.sparse_dim():].numel()
+        if block_size != row:
+            return (f"a sparse COO tensor travels as rows of its dense dims ({row} values); got {block_size}")
+    elif tensor.numel() % block_size:
+        return f"{block_size} does not divide the tensor's {tensor.numel()} elements"
+    return ""
+
+
 def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend: str,
-                 allowed: Sequence[str] = ()) -> Tuple[List[int], str]:
+                 allowed: Sequence[str] = (), block_size=None) -> Tuple[List[int], str]:
     """The header of a call and, when this rank cannot take part, the reason (the header's ``problem``
     field is then non-zero): every rank learns it in the agreement and raises alike.
 
     ``known_scheme``: whether ``scheme_name`` names a scheme this rank can run (``allowed``: the names it
     can, for the error); ``settings``: the scheme's settings that decide its protocol (a tuple, or None),
-    which every rank must share."""
+    which every rank must share; ``block_size``: the entries' size asked for (None: chosen per call), which
+    must divide the tensor and be the same on every rank."""
     is_tensor = isinstance(tensor, torch.Tensor)
     device = tensor.device.type if is_tensor else "cpu"
     dtype = tensor.dtype if is_tensor else torch.float32
@@ -124,6 +149,7 @@ def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend
         (1 if tensor.layout == torch.sparse_coo else 0 if tensor.layout == torch.strided else 2) if is_tensor else 0,
         _code(device, DEVICE_TYPES),
         text_code(settings) if settings is not None else 0,
+        block_size_code(block_size),
         Problem.NONE,
     ]
     problem, detail = Problem.NONE, ""
@@ -140,6 +166,8 @@ def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend
         problem, detail = Problem.LAYOUT, f"got {tensor.layout}"
     elif tensor.layout == torch.strided and torch._debug_has_internal_overlap(tensor) == 1:
         problem, detail = Problem.OVERLAP, f"strides {tensor.stride()} for shape {tuple(tensor.shape)}"
+    elif _block_size_problem(tensor, block_size):
+        problem, detail = Problem.BLOCK_SIZE, _block_size_problem(tensor, block_size)
     header[_PROBLEM] = int(problem)
     return header, detail
 
@@ -182,6 +210,8 @@ def describe(field: str, value: int) -> str:
         return DEVICE_TYPES[value] if 0 <= value < len(DEVICE_TYPES) else "another device"
     if field in ("shape", "scheme", "settings"):
         return f"{field}#{value:08x}"
+    if field == "block_size":
+        return "None (chosen per call)" if value == 0 else str(value)
     return str(value)
 
 

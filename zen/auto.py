@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from . import ops
+from . import ops, wire
 from .cost import choose, predict_times
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
@@ -82,42 +82,47 @@ class Auto(Scheme):
 
     def reduce_dense(self, call: Call, flat):
         start = time.perf_counter()
-        name = self._pick(call, flat.numel(), lambda: ops.nonzero(flat) + (True,))
+        b = call.block_size
+        name = self._pick(call, (flat.numel() // b, b), lambda: ops.nonzero_rows(flat, b) + (True,))
         self.schemes[name].reduce_dense(call, flat)
-        self._timed(call, flat.numel(), name, start)
+        self._timed(call, (flat.numel() // b, b), name, start)
 
     def reduce_coo(self, call, indices, values, numel):
         start = time.perf_counter()
-        name = self._pick(call, numel, lambda: (indices, values, False))
+        key = (numel, wire.row_width(values))
+        name = self._pick(call, key, lambda: (indices, values, False))
         pieces = self.schemes[name].reduce_coo(call, indices, values, numel)
-        self._timed(call, numel, name, start)
+        self._timed(call, key, name, start)
         return pieces
 
-    def choice(self, comm, numel: int) -> Optional[str]:
-        """The scheme picked for tensors of ``numel`` elements on ``comm`` (None before the first call)."""
-        history = self._history.get((comm, numel))
+    def choice(self, comm, numel: int, row_size: int = 1) -> Optional[str]:
+        """The scheme picked for tensors of ``numel`` elements reduced as rows of ``row_size`` on ``comm``
+        (None before the first call)."""
+        history = self._history.get((comm, numel // row_size, row_size))
         return history.choice if history else None
 
-    def trial_times(self, comm, numel: int) -> dict:
+    def trial_times(self, comm, numel: int, row_size: int = 1) -> dict:
         """The slowest-rank seconds of each candidate's trial calls in the current window, by candidate."""
-        history = self._history.get((comm, numel))
+        history = self._history.get((comm, numel // row_size, row_size))
         return {name: list(times) for name, times in history.timings.items()} if history else {}
 
-    def settled(self, comm, numel: int) -> bool:
-        """Whether the next call on ``comm`` with ``numel`` elements goes straight to the pick (no
-        measuring, no trial): what a benchmark of the steady state waits for."""
-        history = self._history.get((comm, numel))
+    def settled(self, comm, numel: int, row_size: int = 1) -> bool:
+        """Whether the next call on ``comm`` with ``numel`` elements (rows of ``row_size``) goes straight to
+        the pick (no measuring, no trial): what a benchmark of the steady state waits for."""
+        history = self._history.get((comm, numel // row_size, row_size))
         return history is not None and self._past_measuring(history) and not history.trials
 
     def _past_measuring(self, history: _History) -> bool:
         """Whether the next call of ``history`` is past this window's measuring calls (a pick made)."""
         return history.calls % self.recheck >= self.warmup and history.choice is not None
 
-    def _pick(self, call: Call, numel: int, coo) -> str:
-        """The scheme for this call: the model's pick on measuring calls, the next trial, or the pick."""
+    def _pick(self, call: Call, key, coo) -> str:
+        """The scheme for this call (``key``: its (entries, row width)): the model's pick on measuring calls,
+        the next trial, or the pick."""
         comm = call.comm
+        numel, width = key
         with self._lock:
-            history = self._history.setdefault((comm, numel), _History())
+            history = self._history.setdefault((comm, numel, width), _History())
         phase = history.calls % self.recheck
         past_measuring = self._past_measuring(history)
         history.calls += 1
@@ -130,8 +135,8 @@ class Auto(Scheme):
             return history.choice
         indices, values, dense_input = coo()
         own = self.profile or cached_profile(comm.user_group)
-        workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input, self.block_size, own,
-                                        probe=lambda: probe_now(comm))
+        workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input,
+                                        -(-self.block_size // width), own, probe=lambda: probe_now(comm))
         if own is None:  # keep the agreed profile: the probe runs once per group
             set_profile(comm.user_group, profile)
         times = predict_times(workload, profile, {name: type(scheme) for name, scheme in self.schemes.items()})
@@ -146,7 +151,7 @@ class Auto(Scheme):
         call.stats["auto"] = dict(choice=history.choice, predicted=times, measured=True)
         return history.choice
 
-    def _timed(self, call: Call, numel: int, name: str, start: float) -> None:
+    def _timed(self, call: Call, key, name: str, start: float) -> None:
         """After a trial call: record its time on the group (``zen.measurement.timing.call_seconds``: from the last
         rank's start to the last one's end); after the last trial, pick the smallest median."""
         if not call.stats["auto"].get("trial"):
@@ -155,7 +160,7 @@ class Auto(Scheme):
         rows = call.comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
         seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows],
                                [row[0] for row in rows])[0] / 1e9
-        history = self._history[(call.comm, numel)]
+        history = self._history[(call.comm,) + key]
         history.timings.setdefault(name, []).append(seconds)
         call.stats["auto"]["seconds"] = seconds
         if not history.trials:

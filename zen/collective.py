@@ -81,7 +81,7 @@ class Work:
 
 
 def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=None, async_op: bool = False,
-               stats: Optional[dict] = None, timeout=None):
+               stats: Optional[dict] = None, timeout=None, block_size: Optional[int] = None):
     """Sum ``tensor`` over ``group`` in place, like ``torch.distributed.all_reduce(tensor, op=SUM)``.
 
     ``scheme`` picks the algorithm: a name from ``zen.SCHEMES``, or a scheme instance with its own settings
@@ -95,6 +95,12 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
     scheme, not a tensor) raises :class:`zen.MismatchError` (a ValueError) naming the rank and the problem,
     and the group stays usable. A dead or stalled peer raises (a RuntimeError from the backend) within the
     group's timeout, after which the group is broken on that rank (:class:`zen.BrokenGroupError`).
+
+    ``block_size``: the tensor travels as R = M / b entries of b consecutive values (rows), one index per
+    entry, an entry with any non-zero sent whole. None (default) chooses per call, alike on every rank:
+    rows of the last dimension when all ranks' non-zero rows take fewer bytes than their non-zero elements,
+    R_nz (b s_v + s_i) < nnz (s_v + s_i) (an embedding gradient), else elements (a top-k gradient). An int
+    forces b; it must divide the tensor. A sparse COO tensor always travels as rows of its dense dims.
 
     ``timeout`` (timedelta or seconds; default: ``group``'s own timeout): bounds zen's collectives on this
     group from this call on. Returns None, or a :class:`Work` handle when ``async_op``. ``stats``, if given,
@@ -119,7 +125,7 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
     allowed = tuple(SCHEMES)
     is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
     stream = torch.cuda.current_stream(tensor.device) if is_cuda else None
-    future = comm.submit(lambda: run_call(comm, tensor, instance, name, stats, allowed), stream)
+    future = comm.submit(lambda: run_call(comm, tensor, instance, name, stats, allowed, block_size), stream)
     work = Work(future)
     if async_op:
         return work

@@ -63,6 +63,16 @@ def value_size(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
+def rows_are_smaller(nnz: int, nonzero_rows: int, row_size: int, numel: int, value_size: int) -> bool:
+    """Whether ``numel`` elements with ``nnz`` non-zeros in ``nonzero_rows`` rows of ``row_size`` travel in
+    fewer bytes as rows (one index per row, the row whole) than as elements:
+    R_nz (b s_v + s_i(M / b)) < nnz (s_v + s_i(M)), s_i the index size of each index space."""
+    if row_size <= 1:
+        return False
+    as_rows = nonzero_rows * (row_size * value_size + index_size(numel // row_size))
+    return as_rows < nnz * (value_size + index_size(numel))
+
+
 def sparse_to_flat(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(indices, values) of a coalesced sparse COO tensor over its flat index space: entry (row, column)
     of its sparse dims x dense dims is flat index row * D + column, D the dense dims' size."""
@@ -72,6 +82,29 @@ def sparse_to_flat(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         rows = rows * size + t.indices()[dim]
     flat_idx = (rows[:, None] * row_numel + torch.arange(row_numel, device=t.device)).reshape(-1)
     return flat_idx, t.values().reshape(-1)
+
+
+def sparse_rows(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(row ids, values) of a coalesced sparse COO tensor as rows of its dense dims: row id = the entry's
+    sparse index flattened over the sparse dims (row-major), values [k, D] (D the dense dims' size; [k]
+    when it has none)."""
+    rows = torch.zeros(t.indices().shape[1], dtype=torch.int64, device=t.device)
+    for dim, size in enumerate(t.shape[:t.sparse_dim()]):
+        rows = rows * size + t.indices()[dim]
+    values = t.values()
+    return rows, values.reshape(values.shape[0], math.prod(values.shape[1:])) if values.dim() > 1 else values
+
+
+def rows_to_sparse(rows: torch.Tensor, values: torch.Tensor, shape, sparse_dim: int) -> torch.Tensor:
+    """The inverse of :func:`sparse_rows`: a coalesced sparse COO tensor of ``shape`` from unique row ids
+    (ascending) and their values."""
+    indices, rest = [], rows.to(torch.int64)
+    for size in reversed(shape[:sparse_dim]):
+        indices.append(rest % size)
+        rest = rest // size
+    index = torch.stack(indices[::-1]) if indices else rows.new_zeros((0, rows.numel()), dtype=torch.int64)
+    values = values.reshape((rows.numel(),) + tuple(shape[sparse_dim:]))
+    return torch.sparse_coo_tensor(index, values, shape, is_coalesced=True, check_invariants=False)
 
 
 def flat_coo(tensor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, bool]:

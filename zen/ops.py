@@ -48,6 +48,12 @@ def nonzero_blocks(dense: Tensor, block_size: int) -> Tuple[Tensor, Tensor]:
     return torch.ops.zen.nonzero_blocks(dense, block_size)
 
 
+def nonzero_rows(dense: Tensor, block_size: int) -> Tuple[Tensor, Tensor]:
+    """:func:`nonzero` when ``block_size`` is 1 (values [k]), else :func:`nonzero_blocks` (rows [k, b]):
+    the entries of a tensor reduced as rows of ``block_size`` values."""
+    return nonzero(dense) if block_size == 1 else nonzero_blocks(dense, block_size)
+
+
 def count_nonzero(dense: Tensor, block_size: int) -> Tuple[int, int]:
     """(non-zero elements, blocks of ``block_size`` holding a non-zero) of a contiguous 1-D tensor, in one pass."""
     elements, blocks = torch.ops.zen.count_nonzero(dense, block_size).tolist()

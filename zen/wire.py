@@ -7,8 +7,10 @@ A piece is a byte buffer of two sections, each padded to 8 bytes so that it can 
     DENSE   [ values : numel * s_v bytes ]                      (the tensor itself, no padding: sent in place)
     BLOCKS  [ bitmap over blocks [lo, hi) : ceil((hi - lo) / 8) bytes | pad ][ values : count * B * s_v | pad ]
 
-Indices are int32 for tensors of fewer than 2**31 elements, int64 from there (``index_dtype``); values
-have the tensor's dtype. In the bitmap, bit r (byte r // 8, bit r % 8) says whether I_j[r] is present;
+An index names one entry: an element, or a row of b values (a block of b consecutive elements; the
+values section then holds count * b values, row after row, and s_v below is the row's bytes, b times the
+dtype's). Indices are int32 below 2**31 entries, int64 from there (``index_dtype``); values have the
+tensor's dtype. In the bitmap, bit r (byte r // 8, bit r % 8) says whether I_j[r] is present;
 values follow in index order. BLOCKS (OmniReduce): the elements are cut into fixed blocks of B elements
 (block b = elements [b B, (b + 1) B)); bit r says whether block lo + r is sent, and the sent blocks follow
 whole, in block order, the last block of the tensor zero-padded to B. A BLOCKS piece of zero blocks is
@@ -43,12 +45,26 @@ def bitmap_bytes(count: int, set_size: int, value_size: int) -> int:
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def row_width(values: torch.Tensor) -> int:
+    """Values per entry: b for rows [k, b], 1 for values [k]."""
+    return values.shape[1] if values.dim() == 2 else 1
+
+
+def entry_bytes(values: torch.Tensor) -> int:
+    """s_v of the formats: bytes per entry (a value, or a row of b values)."""
+    return values.element_size() * row_width(values)
+
+
+def _rows(values: torch.Tensor, count: int, width: int) -> torch.Tensor:
+    return values if width == 1 else values.view(count, width)
 
 
 def pack_coo_pieces(indices: torch.Tensor, values: torch.Tensor, counts) -> tuple:
     """Consecutive pieces (piece j = the next counts[j] pairs) as one buffer; returns (buffer, byte splits)."""
-    si, sv = indices.element_size(), values.element_size()
+    si, sv = indices.element_size(), entry_bytes(values)
     splits = [coo_bytes(c, si, sv) for c in counts]
     buf = torch.zeros(sum(splits), dtype=torch.uint8, device=indices.device)
     at = start = 0
@@ -66,10 +82,10 @@ def pack_coo(indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 
 def pack_bitmap(bitmap: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    nb, sv = bitmap.numel(), values.element_size()
-    buf = torch.zeros(_padded(nb) + _padded(values.numel() * sv), dtype=torch.uint8, device=bitmap.device)
+    nb, nv = bitmap.numel(), values.numel() * values.element_size()
+    buf = torch.zeros(_padded(nb) + _padded(nv), dtype=torch.uint8, device=bitmap.device)
     buf[:nb] = bitmap
-    buf[_padded(nb):_padded(nb) + values.numel() * sv] = _as_bytes(values)
+    buf[_padded(nb):_padded(nb) + nv] = _as_bytes(values)
     return buf
 
 
@@ -80,26 +96,29 @@ def _section(buf: torch.Tensor, offset: int, count: int, dtype: torch.dtype) -> 
     return buf[offset:offset + count * size].view(dtype)
 
 
-def unpack_coo(buf: torch.Tensor, count: int, idx_dtype: torch.dtype, val_dtype: torch.dtype):
-    """(indices, values) views into one COO piece; raises on a truncated buffer."""
+def unpack_coo(buf: torch.Tensor, count: int, idx_dtype: torch.dtype, val_dtype: torch.dtype, width: int = 1):
+    """(indices, values) views into one COO piece (values [count], or rows [count, width] when width > 1);
+    raises on a truncated buffer."""
     if count < 0:
         raise ValueError(f"zen: corrupt piece header: negative count {count}")
     si = torch.empty(0, dtype=idx_dtype).element_size()
-    sv = torch.empty(0, dtype=val_dtype).element_size()
+    sv = torch.empty(0, dtype=val_dtype).element_size() * width
     if buf.numel() != coo_bytes(count, si, sv):
         raise ValueError(f"zen: COO piece of {count} pairs must have {coo_bytes(count, si, sv)} bytes, got {buf.numel()}")
-    return _section(buf, 0, count, idx_dtype), _section(buf, _padded(count * si), count, val_dtype)
+    values = _section(buf, _padded(count * si), count * width, val_dtype)
+    return _section(buf, 0, count, idx_dtype), _rows(values, count, width)
 
 
-def unpack_bitmap(buf: torch.Tensor, count: int, set_size: int, val_dtype: torch.dtype):
-    """(bitmap, values) views into one BITMAP piece; raises on a truncated buffer."""
+def unpack_bitmap(buf: torch.Tensor, count: int, set_size: int, val_dtype: torch.dtype, width: int = 1):
+    """(bitmap, values) views into one BITMAP piece (values [count], or rows [count, width] when width > 1);
+    raises on a truncated buffer."""
     if count < 0 or count > set_size:
         raise ValueError(f"zen: corrupt piece header: {count} values for an index set of {set_size}")
-    sv = torch.empty(0, dtype=val_dtype).element_size()
+    sv = torch.empty(0, dtype=val_dtype).element_size() * width
     if buf.numel() != bitmap_bytes(count, set_size, sv):
         raise ValueError(f"zen: bitmap piece must have {bitmap_bytes(count, set_size, sv)} bytes, got {buf.numel()}")
     nb = (set_size + 7) // 8
-    return buf[:nb], _section(buf, _padded(nb), count, val_dtype)
+    return buf[:nb], _rows(_section(buf, _padded(nb), count * width, val_dtype), count, width)
 
 
 def split(buf: torch.Tensor, sizes):

@@ -90,6 +90,10 @@ class Profile:
 class Workload:
     """What the formulas need to know about one all-reduce (counts may be fractional estimates).
 
+    Counts are of entries: elements, or rows of b values where the call reduces rows; then numel is the
+    number of rows, value_size the bytes of a row (b s_v) and block_size OmniReduce's block in rows, so
+    every formula in bytes holds unchanged.
+
     nnz[r]: non-zeros of rank r. union: |U|. hash_counts[r][j]: non-zeros of rank r that h0 sends to
     partition j; hash_union[j] = |U_j|. doubling_unions[s][g]: SparCML's running union after s doubling
     steps in core group g (core ranks [g 2^s, (g+1) 2^s) with the ranks folded into them); the last level

@@ -28,8 +28,8 @@ class AllGatherSparse(Scheme):
     def reduce_coo(self, call: Call, indices, values, numel):
         comm = call.comm
         n, me = comm.world, comm.rank
-        idx_dtype, val_dtype = wire.index_dtype(numel), values.dtype
-        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), values.element_size()
+        idx_dtype, val_dtype, width = wire.index_dtype(numel), values.dtype, wire.row_width(values)
+        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
         indices = indices.to(idx_dtype)
 
         nnz = call.agree([indices.numel()])[:, 0].tolist()
@@ -46,7 +46,7 @@ class AllGatherSparse(Scheme):
         del payload
         call.mark("gather")
 
-        pieces = [wire.unpack_coo(buf, k, idx_dtype, val_dtype) for buf, k in zip(wire.split(gathered, sizes), nnz)]
+        pieces = [wire.unpack_coo(buf, k, idx_dtype, val_dtype, width) for buf, k in zip(wire.split(gathered, sizes), nnz)]
         union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
                                              numel)
         call.mark("sum")

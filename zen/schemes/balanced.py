@@ -56,17 +56,14 @@ class BalancedParallelism(Scheme):
         self.serial_factor = serial_factor
         self.dense_switch = dense_switch
         self.dense_threshold = dense_threshold
-        self.gamma = {}  # numel -> union growth observed in the last call, for the dense switch
+        self.gamma = {}  # (entries, row width) -> union growth observed in the last call, for the dense switch
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
-        indices, values = ops.nonzero(flat)
-        call.mark("scan")
-        pieces = self._sync(call, indices, values, flat.numel(), dense_fallback=flat if self.dense_switch else None)
-        ops.scatter_pieces_(flat, pieces)
-        call.mark("scatter")
+        call.dense_fallback = lambda: dist.all_reduce(flat, group=call.comm.group)
+        super().reduce_dense(call, flat)
 
     def reduce_coo(self, call, indices, values, numel):
-        return self._sync(call, indices, values, numel, dense_fallback=None)
+        return self._sync(call, indices, values, numel)
 
     def agreement_settings(self):
         """The settings every rank must share (they decide the protocol); checked in the agreement."""
@@ -79,11 +76,11 @@ class BalancedParallelism(Scheme):
         sparse = terms.balanced_bytes(numel, mean_density, n, gamma, 1.0, index_size, value_size)
         return sparse >= terms.dense_bytes(numel, n, value_size)
 
-    def _sync(self, call: Call, indices, values, numel, dense_fallback):
+    def _sync(self, call: Call, indices, values, numel):
         comm = call.comm
         n, me, seed = comm.world, comm.rank, comm.seed
-        idx_dtype, val_dtype = wire.index_dtype(numel), values.dtype
-        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), values.element_size()
+        idx_dtype, val_dtype, width = wire.index_dtype(numel), values.dtype, wire.row_width(values)
+        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
         indices = indices.to(idx_dtype)
 
         # 1-2. partition, then agree on sizes: counts[p][j] = pairs rank p sends to partition j.
@@ -92,15 +89,16 @@ class BalancedParallelism(Scheme):
             indices, values, n, seed, probes, self.table_factor, self.serial_factor)
         call.mark("partition")
         # Rank 0's estimate of gamma rides along, so the dense switch sees the same inputs on every rank.
-        agreed = call.agree(counts.tolist() + [round(self.gamma.get(numel, float(n)) * 1e6)])
+        key = (numel, width)
+        agreed = call.agree(counts.tolist() + [round(self.gamma.get(key, float(n)) * 1e6)])
         counts, gamma = agreed[:, :n].tolist(), agreed[0, n].item() / 1e6
         call.mark("agree")
         nnz = [sum(row) for row in counts]
         loads = [sum(counts[p][j] for p in range(n)) for j in range(n)]
         call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
                           partition_fallback=int(part_stats[2]))
-        if dense_fallback is not None and self._go_dense(nnz, numel, n, si, sv, gamma):
-            dist.all_reduce(dense_fallback, group=comm.group)
+        if self.dense_switch and call.dense_fallback is not None and self._go_dense(nnz, numel, n, si, sv, gamma):
+            call.dense_fallback()
             call.stats.update(dense=True, bytes_sent=terms.dense_bytes(numel, n, sv))
             return []
 
@@ -114,7 +112,7 @@ class BalancedParallelism(Scheme):
         call.mark("push")
 
         # 4. aggregate my partition.
-        pieces = [wire.unpack_coo(buf, c, idx_dtype, val_dtype)
+        pieces = [wire.unpack_coo(buf, c, idx_dtype, val_dtype, width)
                   for buf, c in zip(wire.split(recv, recv_splits), recv_counts)]
         union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
                                              numel, n, seed, me)
@@ -132,12 +130,12 @@ class BalancedParallelism(Scheme):
         union = sum(s[0] for s in sizes)
         mean_nnz = sum(nnz) / n
         if mean_nnz > 0:
-            self.gamma[numel] = union / mean_nnz
+            self.gamma[key] = union / mean_nnz
         call.stats.update(union=union, gamma=union / mean_nnz if mean_nnz else 0.0, pull_format=fmt,
                           bytes_sent=send.numel() - send_splits[me] + (n - 1) * payload.numel())
         out = []
         for j, (buf, (count, fmt_j, _)) in enumerate(zip(wire.split(pulled, pull_splits), sizes)):
-            out.append(self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, val_dtype))
+            out.append(self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, val_dtype, width))
         call.mark("decode")
         return out
 
@@ -159,14 +157,14 @@ class BalancedParallelism(Scheme):
         return comm.all_gather_rows([count, fmt, nbytes]).tolist()
 
     @staticmethod
-    def _decode_pull(comm, buf, j, count, fmt, numel, idx_dtype, val_dtype):
+    def _decode_pull(comm, buf, j, count, fmt, numel, idx_dtype, val_dtype, width=1):
         if fmt == wire.COO:
-            return wire.unpack_coo(buf, count, idx_dtype, val_dtype)
+            return wire.unpack_coo(buf, count, idx_dtype, val_dtype, width)
         if fmt != wire.BITMAP:
             raise ValueError(f"zen: corrupt pull header from rank {j}: unknown format {fmt}")
         sets, offsets = comm.index_sets(numel, buf.device)
         index_set = sets[offsets[j]:offsets[j + 1]]
-        bitmap, values = wire.unpack_bitmap(buf, count, index_set.numel(), val_dtype)
+        bitmap, values = wire.unpack_bitmap(buf, count, index_set.numel(), val_dtype, width)
         return ops.bitmap_decode(bitmap, index_set, count), values
 
     # --- cost model ----------------------------------------------------------------------------------

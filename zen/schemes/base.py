@@ -1,14 +1,16 @@
 """What every scheme implements: the protocol and, beside it, its cost formulas.
 
-A scheme all-reduces (SUM) one flat tensor over a :class:`zen.transport.Comm`. Its first collective must
-be ``call.agree(extra)``: that exchange checks that all ranks called with the same tensor and lets the
-scheme piggyback its own sizes on it (one round trip instead of two). Its formulas predict, from a
+A scheme all-reduces (SUM) one flat tensor over a :class:`zen.transport.Comm`, as R = M / b entries of
+b values (``call.block_size``: b = 1 reduces elements; b > 1 reduces rows, one index per row, a row with
+any non-zero sent whole). Its first collective must be ``call.agree(extra)``: that exchange checks that
+all ranks called with the same tensor and lets the scheme piggyback its own sizes on it (one round trip
+instead of two). Its formulas predict, from a
 :class:`zen.cost.Workload` and a :class:`zen.cost.Profile`, the seconds of a call (``time``, or the sum of
 ``phases``, which name the phases its calls record with ``call.mark``) and its extra memory (``memory``).
 """
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -22,17 +24,27 @@ Tensor = torch.Tensor
 @dataclass
 class Call:
     """One collective call: the group, the agreement header, what names the call in errors (the tensor's
-    shape, the scheme's name), and the statistics the scheme records."""
+    shape, the scheme's name), the block size b of its entries, and the statistics the scheme records.
+
+    ``dense_fallback``, where the caller gives one, all-reduces the data in place with the backend's dense
+    all-reduce: a scheme with a dense switch may call it instead of its protocol (then returns no pieces)."""
 
     comm: Comm
     header: List[int]
     shape: tuple = ()
     scheme_name: str = ""
+    block_size: int = 1
+    dense_fallback: Optional[Callable[[], None]] = None
     stats: dict = field(default_factory=dict)
+    agreed: bool = False
     _last_mark: float = field(default_factory=time.perf_counter)
 
     def agree(self, extra: List[int]) -> Tensor:
-        """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank."""
+        """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank. When
+        the caller agreed already (to choose the block size), a plain all-gather of ``extra``."""
+        if self.agreed:
+            return self.comm.all_gather_rows(extra)
+        self.agreed = True
         return agreement.agree(self.comm, self.header, extra, shape=self.shape, scheme_name=self.scheme_name)
 
     def mark(self, phase: str) -> None:
@@ -57,18 +69,20 @@ class Scheme:
         return None
 
     def reduce_dense(self, call: Call, flat: Tensor) -> None:
-        """Sum ``flat`` (contiguous, 1-D) over the group, in place. Default: extract the non-zeros, reduce
-        them as COO, write the union back. The union holds every local non-zero, so positions outside it
-        are zero already: no clearing pass is needed."""
-        indices, values = ops.nonzero(flat)
+        """Sum ``flat`` (contiguous, 1-D, of M values, b = ``call.block_size`` dividing M) over the group,
+        in place. Default: extract the non-zero entries, reduce them as COO, write the union back. The union
+        holds every local non-zero, so positions outside it are zero already: no clearing pass is needed."""
+        b = call.block_size
+        indices, values = ops.nonzero_rows(flat, b)
         call.mark("scan")
-        ops.scatter_pieces_(flat, self.reduce_coo(call, indices, values, flat.numel()))
+        ops.scatter_pieces_(flat, self.reduce_coo(call, indices, values, flat.numel() // b))
         call.mark("scatter")
 
     def reduce_coo(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> List[Tuple[Tensor, Tensor]]:
-        """Sum a sparse tensor given as unique (indices, values) over [0, numel). Returns the union as a
-        list of (indices, values) pieces with disjoint indices: every index that is non-zero on any rank,
-        also where the sum is zero (:meth:`reduce_dense` writes only the union back)."""
+        """Sum a sparse tensor given as unique (indices, values) over [0, numel) entries: values [k], or rows
+        [k, b] (entry i is the row of b values at i). Returns the union as a list of (indices, values)
+        pieces with disjoint indices and values shaped like the input's: every index that is non-zero on
+        any rank, also where the sum is zero (:meth:`reduce_dense` writes only the union back)."""
         raise NotImplementedError
 
     # --- the cost model's formulas (static: they describe the protocol, not one instance's state) -------

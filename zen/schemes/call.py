@@ -7,29 +7,39 @@ the same :class:`zen.MismatchError` and the group stays usable. A failure after 
 group on the rank that sees it (:class:`zen.BrokenGroupError` for every later call; :mod:`zen.transport`).
 """
 import math
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 
-from .. import agreement
+from .. import agreement, ops
 from ..agreement import MismatchError, Problem
-from ..geometry import sparse_to_flat
+from ..geometry import rows_are_smaller, rows_to_sparse, sparse_rows
 from ..transport import Comm
 from .base import Call
 
+Segment = Tuple[int, int, int]  # (offset, numel, row size) of a part of a flat tensor
+
 
 def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str] = None,
-             stats: Optional[dict] = None, allowed: Sequence[str] = ()):
+             stats: Optional[dict] = None, allowed: Sequence[str] = (), block_size: Optional[int] = None,
+             segments: Optional[Sequence[Segment]] = None):
     """Run one all-reduce on the calling thread (which must be the group's lane). In place; returns tensor.
 
     ``scheme``: a scheme instance, or None when ``scheme_name`` named no scheme (``allowed``: the names that
-    would have been, for the error). Errors: bad input -> :class:`MismatchError` on every rank; a failure
-    part-way -> the error here, and :class:`zen.BrokenGroupError` for every later call on the group."""
+    would have been, for the error). ``block_size``: reduce a strided tensor as rows of that many values;
+    None chooses per call between elements and rows of the last dimension (:func:`choose_rows`).
+    ``segments``: the parts of a flat tensor (e.g. a DDP bucket's parameters) as (offset, numel, row size),
+    each reduced as elements or as rows of its row size, chosen per call; they replace ``block_size``.
+    A sparse COO tensor travels as rows of its dense dims. Errors: bad input -> :class:`MismatchError` on
+    every rank; a failure part-way -> the error here, and :class:`zen.BrokenGroupError` for every later
+    call on the group."""
     comm.check_usable()
     if scheme_name is None:
         scheme_name = getattr(scheme, "name", None)
     settings = scheme.agreement_settings() if scheme is not None else None
-    header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend, allowed)
+    header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend, allowed,
+                                            block_size)
     shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
     scheme_name = str(scheme_name)  # (after inspect_call, whose detail names a non-string scheme by its repr)
     if detail:
@@ -40,7 +50,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     agreements = comm.agreements
     try:
         with torch.no_grad():
-            _reduce(call, scheme, tensor)
+            _reduce(call, scheme, tensor, block_size, segments)
     except MismatchError:
         raise  # raised by the agreement, alike on every rank: the group is still in step
     except Exception as error:
@@ -59,40 +69,125 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     return tensor
 
 
-def _reduce(call: Call, scheme, tensor: torch.Tensor) -> None:
+def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int], segments) -> None:
     if tensor.numel() == 0:
         call.agree([])  # nothing to sum; the agreement still checks that every rank has nothing
     elif tensor.layout == torch.sparse_coo:
         reduce_sparse_coo(call, scheme, tensor)
-    elif tensor.is_contiguous():
-        scheme.reduce_dense(call, tensor.view(-1))
     else:
-        flat = tensor.contiguous().view(-1)
-        scheme.reduce_dense(call, flat)
-        tensor.copy_(flat.view(tensor.shape))
+        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+        if segments is None:
+            row = block_size or (tensor.shape[-1] if tensor.dim() > 1 else 1)
+            segments = [(0, flat.numel(), row)]
+        reduce_segments(call, scheme, flat, segments, chosen=block_size is None)
+        if not tensor.is_contiguous():
+            tensor.copy_(flat.view(tensor.shape))
+
+
+def choose_rows(call: Call, flat: torch.Tensor, segments: Sequence[Segment]) -> List[int]:
+    """The block size of each segment: its row size where every rank's rows together travel in fewer bytes
+    than their elements (:func:`zen.geometry.rows_are_smaller`, over the sums of all ranks' counts of the
+    segments of that row size), else 1. One scan per segment counts both (``ops.count_nonzero``); the
+    counts ride in the call's agreement, so every rank chooses alike."""
+    sizes = sorted({row for _, _, row in segments if row > 1})
+    counts = [0] * (2 * len(sizes))
+    for offset, numel, row in segments:
+        if row > 1:
+            elements, rows = ops.count_nonzero(flat[offset:offset + numel], row)
+            g = sizes.index(row)
+            counts[2 * g] += elements
+            counts[2 * g + 1] += rows
+    totals = call.agree(counts).sum(dim=0).tolist()
+    call.mark("scan")
+    numels = {row: sum(n for _, n, r in segments if r == row) for row in sizes}
+    rows = {row for g, row in enumerate(sizes)
+            if rows_are_smaller(totals[2 * g], totals[2 * g + 1], row, numels[row], flat.element_size())}
+    return [row if row in rows else 1 for _, _, row in segments]
+
+
+def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[Segment], chosen: bool) -> None:
+    """Sum the segments of ``flat`` in place, each as elements or rows (``chosen``: choose per call, else each
+    as rows of its row size); segments of one block size are reduced together, by one run of the scheme."""
+    if chosen and any(row > 1 for _, _, row in segments):
+        blocks = choose_rows(call, flat, segments)
+    else:
+        blocks = [row for _, _, row in segments]
+    groups = {}
+    for segment, b in zip(segments, blocks):
+        groups.setdefault(b, []).append(segment)
+    per_group = []
+    for b in sorted(groups):
+        call.block_size = b
+        call.stats = {"phases": call.stats.get("phases", {})}
+        group = groups[b]
+        if len(group) == 1:
+            offset, numel, _ = group[0]
+            scheme.reduce_dense(call, flat[offset:offset + numel])
+        else:
+            _reduce_parts(call, scheme, flat, group, b)
+        per_group.append(dict(call.stats, block_size=b))
+    call.stats = _combined(per_group)
+
+
+def _reduce_parts(call: Call, scheme, flat: torch.Tensor, group: Sequence[Segment], b: int) -> None:
+    """Segments of one block size b as one sparse tensor: their entries one after the other."""
+    views = [flat[offset:offset + numel] for offset, numel, _ in group]
+    bases = [0]
+    indices, values = [], []
+    for view in views:
+        idx, val = ops.nonzero_rows(view, b)
+        indices.append(idx.to(torch.int64) + bases[-1])
+        values.append(val)
+        bases.append(bases[-1] + view.numel() // b)
+    call.mark("scan")
+
+    def dense_fallback():
+        joined = torch.cat(views)
+        dist.all_reduce(joined, group=call.comm.group)
+        for view, part in zip(views, joined.split([v.numel() for v in views])):
+            view.copy_(part)
+
+    call.dense_fallback = dense_fallback
+    pieces = scheme.reduce_coo(call, torch.cat(indices), torch.cat(values), bases[-1])
+    call.dense_fallback = None
+    if pieces:
+        idx = torch.cat([p[0].to(torch.int64) for p in pieces])
+        val = torch.cat([p[1] for p in pieces])
+        owner = torch.searchsorted(torch.tensor(bases[1:-1], dtype=torch.int64, device=idx.device), idx, right=True)
+        order = torch.argsort(owner, stable=True)
+        idx, val = idx[order], val[order]
+        cuts = torch.bincount(owner, minlength=len(views)).tolist()
+        for view, base, part_idx, part_val in zip(views, bases, idx.split(cuts), val.split(cuts)):
+            ops.scatter_(view, part_idx - base, part_val)
+    call.mark("scatter")
+
+
+def _combined(per_group: List[dict]) -> dict:
+    """One call's statistics from its groups': the group's own when one, else the bytes summed and each
+    group's under "groups"."""
+    if len(per_group) == 1:
+        return per_group[0]
+    phases = per_group[-1].get("phases", {})
+    groups = [{k: v for k, v in g.items() if k != "phases"} for g in per_group]
+    return dict(phases=phases, groups=groups, bytes_sent=sum(g.get("bytes_sent", 0) for g in groups),
+                dense=all(g.get("dense", False) for g in groups))
 
 
 def reduce_sparse_coo(call: Call, scheme, tensor: torch.Tensor) -> None:
-    """A sparse COO tensor (e.g. the gradient of ``nn.Embedding(sparse=True)``): its entries become flat
-    indices row * D + column over its sparse dims x dense dims, are reduced as COO, and the union is
-    written back into ``tensor`` (still sparse)."""
+    """A sparse COO tensor (e.g. the gradient of ``nn.Embedding(sparse=True)``) travels as rows of its dense
+    dims, one index per row (duplicate rows of an uncoalesced tensor summed locally first); the union of
+    rows is written back into ``tensor`` (still sparse, coalesced)."""
     t = tensor.coalesce()
-    sparse_shape = t.shape[:t.sparse_dim()]
-    row_numel = math.prod(t.shape[t.sparse_dim():])
-    flat_idx, flat_val = sparse_to_flat(t)
-    pieces = scheme.reduce_coo(call, flat_idx, flat_val, tensor.numel())
-    idx = torch.cat([p[0].to(torch.int64) for p in pieces]) if pieces else flat_idx[:0]
-    val = torch.cat([p[1] for p in pieces]) if pieces else flat_val[:0]
-    # Back to rows: keep one entry per row (column 0 of the row is not always present after a dense
-    # fallback dropped zeros, so rebuild rows from the flat indices).
-    row_ids = torch.unique(idx // row_numel)
-    values = torch.zeros((row_ids.numel(), row_numel), dtype=val.dtype, device=val.device)
-    values.view(-1)[torch.searchsorted(row_ids, idx // row_numel) * row_numel + idx % row_numel] = val
-    multi = []
-    rest = row_ids
-    for size in reversed(sparse_shape):
-        multi.append(rest % size)
-        rest = rest // size
-    indices = torch.stack(list(reversed(multi))) if multi else row_ids[None]
-    result = torch.sparse_coo_tensor(indices, values.view((-1,) + tuple(t.shape[t.sparse_dim():])), t.shape)
-    tensor.copy_(result.coalesce())
+    rows, values = sparse_rows(t)
+    call.block_size = values.shape[1] if values.dim() == 2 else 1
+    num_rows = math.prod(t.shape[:t.sparse_dim()])
+    pieces = scheme.reduce_coo(call, rows, values, num_rows)
+    call.stats["block_size"] = call.block_size
+    if pieces:
+        rows = torch.cat([p[0].to(torch.int64) for p in pieces])
+        values = torch.cat([p[1] for p in pieces])
+        order = torch.argsort(rows)
+        rows, values = rows[order], values[order]
+    else:
+        rows, values = rows[:0], values[:0]
+    tensor.copy_(rows_to_sparse(rows, values, t.shape, t.sparse_dim()))

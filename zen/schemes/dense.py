@@ -2,7 +2,7 @@
 import torch
 import torch.distributed as dist
 
-from .. import ops
+from .. import ops, wire
 from ..cost import Profile, Workload, terms
 from .base import Call, Scheme
 
@@ -17,10 +17,11 @@ class Dense(Scheme):
         call.stats["bytes_sent"] = 2 * (n - 1) * flat.numel() * flat.element_size() // n
 
     def reduce_coo(self, call, indices, values, numel):
-        dense = torch.zeros(numel, dtype=values.dtype, device=values.device)
+        width = wire.row_width(values)
+        dense = torch.zeros(numel * width, dtype=values.dtype, device=values.device)
         ops.scatter_(dense, indices, values)
         self.reduce_dense(call, dense)
-        return [ops.nonzero(dense)]
+        return [ops.nonzero_rows(dense, width)]
 
     # --- cost model ----------------------------------------------------------------------------------
     @staticmethod

@@ -43,37 +43,44 @@ class OmniReduce(Scheme):
         """The settings every rank must share; checked in the agreement."""
         return (self.block_size,)
 
+    def rows_per_block(self, width: int) -> int:
+        """Entries per block when entries are rows of ``width`` values: the fewest whole rows that hold
+        ``block_size`` elements (1 for rows of ``block_size`` values or more), so blocks never cut a row."""
+        return -(-self.block_size // width)
+
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
+        bs = self.rows_per_block(call.block_size) * call.block_size
         indices, _ = ops.nonzero(flat)
-        ids = torch.unique_consecutive(indices.long() // self.block_size)
-        blocks = gather_blocks(flat, ids, self.block_size)
+        ids = torch.unique_consecutive(indices.long() // bs)
+        blocks = gather_blocks(flat, ids, bs)
         call.mark("scan")
-        for union_ids, union_vals in self._sync(call, ids, blocks, flat.numel()):
-            scatter_blocks(flat, union_ids, union_vals, self.block_size)
+        for union_ids, union_vals in self._sync(call, ids, blocks, flat.numel(), bs):
+            scatter_blocks(flat, union_ids, union_vals, bs)
         call.mark("scatter")
 
     def reduce_coo(self, call, indices, values, numel):
-        bs = self.block_size
+        width = wire.row_width(values)
+        rows = self.rows_per_block(width)
         idx = indices.long()
-        ids, inverse = torch.unique(idx // bs, sorted=True, return_inverse=True)
-        blocks = torch.zeros((ids.numel(), bs), dtype=values.dtype, device=values.device)
-        blocks[inverse, idx % bs] = values
+        ids, inverse = torch.unique(idx // rows, sorted=True, return_inverse=True)
+        blocks = torch.zeros((ids.numel(), rows, width), dtype=values.dtype, device=values.device)
+        blocks[inverse, idx % rows] = values.view(-1, width)
         call.mark("scan")
         out = []
         idx_dtype = wire.index_dtype(numel)
-        for union_ids, union_vals in self._sync(call, ids, blocks, numel):
-            at, vals = ops.nonzero(union_vals.reshape(-1))
+        for union_ids, union_vals in self._sync(call, ids, blocks.view(-1, rows * width), numel * width, rows * width):
+            at, vals = ops.nonzero_rows(union_vals.reshape(-1), width)
             at = at.long()
-            out.append(((union_ids[at // bs] * bs + at % bs).to(idx_dtype), vals))
+            out.append(((union_ids[at // rows] * rows + at % rows).to(idx_dtype), vals))
         call.mark("scatter")
         return out
 
     # ------------------------------------------------------------------------------------------------
-    def _sync(self, call: Call, ids, blocks, numel):
-        """Sum the non-zero blocks (``ids`` ascending int64, ``blocks`` [len(ids), block_size]); returns the
-        union as (block ids, block values) pieces, one per owner."""
+    def _sync(self, call: Call, ids, blocks, numel, bs):
+        """Sum the non-zero blocks of ``bs`` elements (``ids`` ascending int64, ``blocks`` [len(ids), bs]) of
+        a tensor of ``numel`` elements; returns the union as (block ids, block values) pieces, one per owner."""
         comm = call.comm
-        n, me, bs = comm.world, comm.rank, self.block_size
+        n, me = comm.world, comm.rank
         device, val_dtype, sv = blocks.device, blocks.dtype, blocks.element_size()
         bounds = block_bounds(numel, bs, n)
         ranges = [bounds[w + 1] - bounds[w] for w in range(n)]

@@ -66,9 +66,9 @@ class SparCML(Scheme):
         return (self.dense_threshold,)
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
-        indices, values = ops.nonzero(flat)
+        indices, values = ops.nonzero_rows(flat, call.block_size)
         call.mark("scan")
-        result = self._sync(call, indices, values, flat.numel())
+        result = self._sync(call, indices, values, flat.numel() // call.block_size)
         if result.dense is not None:
             flat.copy_(result.dense)
         else:
@@ -78,7 +78,7 @@ class SparCML(Scheme):
     def reduce_coo(self, call, indices, values, numel):
         result = self._sync(call, indices, values, numel)
         if result.dense is not None:
-            return [ops.nonzero(result.dense)]
+            return [ops.nonzero_rows(result.dense, wire.row_width(values))]
         return [(result.indices, result.values)]
 
     # ------------------------------------------------------------------------------------------------
@@ -90,8 +90,8 @@ class SparCML(Scheme):
     def _sync(self, call: Call, indices, values, numel) -> _Sum:
         comm = call.comm
         n, me = comm.world, comm.rank
-        idx_dtype, val_dtype = wire.index_dtype(numel), values.dtype
-        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), values.element_size()
+        idx_dtype, val_dtype, width = wire.index_dtype(numel), values.dtype, wire.row_width(values)
+        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
         device = values.device
         indices = indices.to(idx_dtype)
         if indices.numel() and not bool((indices[1:] > indices[:-1]).all()):
@@ -103,7 +103,7 @@ class SparCML(Scheme):
 
         def as_sum(idx, val):
             if self._is_dense(idx.numel(), numel, si, sv):
-                dense = torch.zeros(numel, dtype=val_dtype, device=device)
+                dense = torch.zeros(numel * width, dtype=val_dtype, device=device)
                 ops.scatter_(dense, idx, val)
                 return _Sum(dense=dense)
             return _Sum(idx, val)
@@ -117,7 +117,7 @@ class SparCML(Scheme):
                 return _Sum(dense=lower.dense + higher.dense)
             dense, sparse = (lower, higher) if lower.dense is not None else (higher, lower)
             out = dense.dense.clone()
-            out.index_put_((sparse.indices.long(),), sparse.values, accumulate=True)
+            out.view(numel, width).index_put_((sparse.indices.long(),), sparse.values.view(-1, width), accumulate=True)
             return _Sum(dense=out)
 
         def recv_buffer(count, fmt):
@@ -126,8 +126,8 @@ class SparCML(Scheme):
 
         def unpack(buf, count, fmt) -> _Sum:
             if fmt == wire.DENSE:
-                return _Sum(dense=wire.unpack_dense(buf, numel, val_dtype))
-            return _Sum(*wire.unpack_coo(buf, count, idx_dtype, val_dtype))
+                return _Sum(dense=wire.unpack_dense(buf, numel * width, val_dtype))
+            return _Sum(*wire.unpack_coo(buf, count, idx_dtype, val_dtype, width))
 
         def initial_format(rank):
             return wire.DENSE if self._is_dense(nnz[rank], numel, si, sv) else wire.COO
