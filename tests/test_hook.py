@@ -126,3 +126,64 @@ def test_state_validates_settings():
 
     state = pickle.loads(pickle.dumps(zen.ZenState(scheme="zen", num_probes=4)))
     assert state.num_probes == 4 and state.process_group is None
+
+
+def _rows_in_buckets(rank, world):
+    """The hook's choice per parameter: rows for a row-sparse weight, elements for a top-k-like one."""
+    import zen
+
+    g = torch.Generator().manual_seed(rank)
+    weight, bias = torch.zeros(300, 64), torch.randint(-4, 5, (64,), generator=g).float()
+    weight[torch.unique(torch.randint(0, 300, (20,), generator=g))] = 1.5  # whole rows
+    topk = torch.zeros(300 * 64)
+    topk[torch.randperm(topk.numel(), generator=g)[:300]] = -2.0  # 1.6% of the elements, nearly every row
+    chosen = []
+    for grad in (weight, topk.view(300, 64)):
+        state = zen.ZenState()
+        buffer = torch.cat([grad.reshape(-1), bias])
+        want = buffer.clone()
+        dist.all_reduce(want)
+        got = zen.zen_hook(state, LocalBucket(buffer.clone(), parameters=[grad, bias])).wait()
+        assert torch.equal(got, want / world)
+        groups = state.last_stats.get("groups", [state.last_stats])
+        chosen.append(sorted(group["block_size"] for group in groups))
+    return chosen
+
+
+def test_hook_reduces_rows_of_a_row_sparse_parameter_and_elements_of_a_top_k_one():
+    for chosen in run_ranks(2, _rows_in_buckets):
+        assert chosen == [[1, 64], [1]]
+
+
+def _embedding_bytes(rank, world, sparse, steps):
+    import zen
+
+    torch.manual_seed(0)
+    model = EmbeddingModel(vocab=20000, dim=16, sparse=sparse)
+    state = zen.ZenState()
+    train(model, {}, state, rank, steps, sparse)
+    return state.summary(), state.last_stats
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_hook_sends_rows_near_the_row_level_ideal(sparse):
+    """summary()["bytes_sent"] of an embedding model within 1.3x of the row-level ideal: over the steps,
+    (n-1)/n (R_r + U)(b s_v + s_i), R_r the rows of rank r's gradient (its distinct tokens, and the head's 4
+    rows of 16 when dense), U their union; the head's bias (4 elements) may go dense."""
+    world, steps, row_bytes = 2, 4, 16 * 4 + 4
+    summaries = run_ranks(world, _embedding_bytes, sparse, steps)
+    for rank, (summary, last) in enumerate(summaries):
+        ideal = 0.0
+        for step in range(steps):
+            tokens = [batches(r, steps, 20000)[step] for r in range(world)]
+            local = torch.unique(tokens[rank]).numel()
+            union = torch.unique(torch.cat(tokens)).numel()
+            head = 0 if sparse else 4 + 4  # the head's weight rows, in R_r and in U
+            ideal += (world - 1) / world * (local + union + head) * row_bytes
+        assert summary["steps"] == steps and summary["buckets"] >= steps
+        assert summary["bytes_sent"] <= 1.3 * ideal, (summary, ideal)
+        assert summary["bytes_sent"] < 0.1 * summary["dense_bytes"]
+        assert summary["schemes"].get("zen", 0) >= steps  # the sparse path ran (not only dense fallbacks)
+        if not sparse:  # one bucket: the embedding's rows of 16 went sparse (with sparse=True it has its own)
+            groups = last.get("groups", [last])
+            assert any(g["block_size"] == 16 and not g.get("dense") for g in groups), last

@@ -96,14 +96,23 @@ def run_ranks(world, fn, *args, timeout=180, pg_timeout=60, expect_dead=()):
 
 
 class LocalBucket:
-    """A stand-in for DDP's GradBucket (the two methods a comm hook uses), to call a hook outside DDP."""
+    """A stand-in for DDP's GradBucket (what a comm hook uses), to call a hook outside DDP: the flat buffer
+    and, optionally, the parameters whose gradients tile it (their shapes give the hook their rows)."""
 
-    def __init__(self, buffer, index: int = 0):
+    def __init__(self, buffer, index: int = 0, parameters=None, is_last: bool = False):
         self._buffer = buffer
         self._index = index
+        self._parameters = parameters
+        self._is_last = is_last
 
     def buffer(self):
         return self._buffer
 
     def index(self) -> int:
         return self._index
+
+    def is_last(self) -> bool:
+        return self._is_last
+
+    def parameters(self):
+        return list(self._parameters) if self._parameters is not None else [self._buffer]
