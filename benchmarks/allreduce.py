@@ -18,10 +18,14 @@ tolerance). "auto" is settled first (its measuring and trial calls, untimed; see
     speedup  dense median / scheme median
     pred     the cost model's time for the scheme (what ``zen.predict`` of the same tensor gives: the
              measured workload and the group's profile, probed once at the start; both are in the JSON)
-    imb      max/mean load of the n partitions of the union, by zen's hash and by a contiguous split
+    imb      max/mean load of the n partitions of the union (rows of a 2-D gradient), by zen's hash and by a
+             contiguous split
 
 Below the table, where each scheme's time goes (mean over ranks of the per-phase medians, ms), for the
-schemes that report phases.
+schemes that report phases, the block size its calls used (the text workload is the embedding table
+[vocab, dim], which zen reduces as rows), and local/copy: its local phases (scan, partition, aggregate,
+encode, decode, merge, sum, scatter) over one ``copy_`` of the gradient timed in the same run, a ratio that
+does not depend on the machine.
 """
 import argparse
 import dataclasses
@@ -83,7 +87,8 @@ def workload_tensor(args, numel, density, rank, step):
     if args.workload == "zipf":
         return workloads.zipf(numel, density, rank, args.seed + step, dtype)
     corpus = workloads.StdlibCorpus()
-    return workloads.embedding_gradient(corpus, args.text_dim, args.text_batch, rank, step, args.seed, dtype)
+    grad = workloads.embedding_gradient(corpus, args.text_dim, args.text_batch, rank, step, args.seed, dtype)
+    return grad.view(corpus.vocab_size, args.text_dim)  # the table's shape: zen may reduce it as rows
 
 
 def cases(args):
@@ -123,10 +128,13 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     x0 = workload_tensor(args, numel, density, rank, 0)
     truth = x0.clone()
     dist.all_reduce(truth)
-    union_idx = torch.nonzero(truth).view(-1)
+    union_idx = torch.nonzero(truth.view(-1)).view(-1)
     comm = get_comm()
-    hash_imb = imbalance(torch.bincount(ops.hash_partition(union_idx, world, comm.seed).long(), minlength=world))
-    contiguous_imb = imbalance(torch.bincount(union_idx * world // max(1, numel), minlength=world))
+    # The partitions' loads over the entries the hash sees: rows of a 2-D gradient, else elements.
+    row = x0.shape[-1] if x0.dim() > 1 else 1
+    entries = torch.unique_consecutive(union_idx // row)
+    hash_imb = imbalance(torch.bincount(ops.hash_partition(entries.int(), world, comm.seed).long(), minlength=world))
+    contiguous_imb = imbalance(torch.bincount(entries * world // max(1, numel // row), minlength=world))
     nnz = torch.tensor([float((x0 != 0).sum())])
     dist.all_reduce(nnz)
     # What zen.predict(x0) does, keeping its inputs for the JSON (so a sweep can be re-predicted offline).
@@ -145,10 +153,15 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     # pick it keeps for the next 100 calls; what settling cost is kept in the row (settle_calls, settle_s).
     instances = {s: Auto() if s == "auto" else s for s in schemes}
     settle_calls, settle_start = 0, time.perf_counter()
-    while "auto" in instances and not instances["auto"].settled(comm, numel):
-        zen.all_reduce(x0.clone(), scheme=instances["auto"])
+    while "auto" in instances:  # until a call goes straight to the pick
+        stats = {}
+        zen.all_reduce(x0.clone(), scheme=instances["auto"], stats=stats)
         settle_calls += 1
+        if not stats["auto"].get("measured") and not stats["auto"].get("trial"):
+            break
     settle_seconds = time.perf_counter() - settle_start
+    copies = []  # one copy_ of the gradient, timed in the same run: what local compute is measured against
+    blocks = {s: 1 for s in schemes}  # the block size each scheme's calls used
     spans = {s: [] for s in schemes}  # (start, end) of every timed call on this rank
     sent = {s: [] for s in schemes}
     phases = {s: {} for s in schemes}
@@ -158,6 +171,11 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     while it < args.warmup + max(counts.values()):
         order = [s for s in schemes if it < args.warmup + counts[s]]
         random.Random(args.seed * 1000 + it).shuffle(order)
+        y = torch.empty_like(x0)
+        time.sleep(timing.QUIET_SECONDS)
+        start = time.perf_counter()
+        y.copy_(x0)
+        copies.append(time.perf_counter() - start)
         for scheme in order:
             x = x0.clone()
             stats = {}
@@ -176,6 +194,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             dist.barrier()
             spans[scheme].append((start, end))
             if it >= args.warmup:
+                blocks[scheme] = stats.get("block_size", 1)
                 sent[scheme].append(stats.get("bytes_sent", float("nan")))
                 for phase, seconds in stats.get("phases", {}).items():
                     phases[scheme].setdefault(phase, []).append(seconds)
@@ -194,6 +213,9 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     dist.all_gather_object(clocks, timing.clock_id())
     rows = []
     dense_median = None
+    copy_median = torch.tensor([statistics.median(copies[args.warmup:] or copies)], dtype=torch.float64)
+    dist.all_reduce(copy_median)
+    copy_ms = copy_median.item() * 1e3 / world
     for scheme in schemes:
         every = [None] * world
         dist.all_gather_object(every, spans[scheme])
@@ -218,17 +240,28 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "bytes_sent": b.item() / world, "wrong": int(w.item()),
             "time_predicted": predicted.get(scheme, float("nan")),
             "phases_ms": {p: v * 1e3 / world for p, v in zip(names, mine.tolist())},
+            "copy_ms": copy_ms, "block_size": blocks[scheme],
             "settle_calls": settle_calls if scheme == "auto" else 0,
             "settle_s": settle_seconds if scheme == "auto" else 0.0,
-            "auto_choice": instances[scheme].choice(comm, numel) if scheme == "auto" else None,
-            "auto_trials": instances[scheme].trial_times(comm, numel) if scheme == "auto" else None,
+            "auto_choice": instances[scheme].choice(comm, numel, blocks[scheme]) if scheme == "auto" else None,
+            "auto_trials": instances[scheme].trial_times(comm, numel, blocks[scheme]) if scheme == "auto" else None,
             "phases_predicted_ms": predicted_phases.get(scheme, {}),
             "profile": None if profile is None else dataclasses.asdict(profile),
             "workload": None if workload is None else dataclasses.asdict(workload),
         })
     for row in rows:
         row["speedup_vs_dense"] = dense_median / row["time_median"] if dense_median else float("nan")
+        row["local_vs_copy"] = local_ms(row) / copy_ms if row["phases_ms"] else float("nan")
     return rows
+
+
+LOCAL_PHASES = ("scan", "partition", "aggregate", "encode", "decode", "merge", "sum", "scatter")
+
+
+def local_ms(row) -> float:
+    """The call's local compute (ms): its phases that touch no network (scan, partition, aggregate, encode,
+    decode, merge, sum, scatter)."""
+    return sum(v for p, v in row["phases_ms"].items() if p in LOCAL_PHASES)
 
 
 def format_table(rows):
@@ -260,12 +293,14 @@ def format_table(rows):
                      f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}")
     phased = [r for r in rows if r.get("phases_ms")]
     if phased:
-        lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians; measured/predicted):"]
+        lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians; measured/predicted); b: the"
+                  " block size the calls used; local/copy: the local phases over one copy_ of the gradient:"]
         for r in phased:
             predicted = r.get("phases_predicted_ms") or {}
             parts = "  ".join(f"{p} {v:.2f}" + (f"/{predicted[p]:.2f}" if p in predicted else "")
                               for p, v in r["phases_ms"].items())
-            lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['scheme']:>10}  {parts}")
+            lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['scheme']:>10}  b {r.get('block_size', 1):<4} "
+                         f"local/copy {r.get('local_vs_copy', float('nan')):5.2f}  {parts}")
     return "\n".join(lines)
 
 

@@ -167,9 +167,11 @@ def _run_predict_and_auto(rank, world):
         truth = workload_from_indices([torch.nonzero(m).view(-1) for m in masks], numel, seed=comm.seed)
         assert w == truth, (name, w, truth)
         assert w.union == int(torch.stack(masks).any(0).sum()), name
-        if kind == "rows":  # the same non-zeros (whole rows) as a sparse COO tensor: the same workload
+        if kind == "rows":  # whole rows of 8: as [512, 8] and as sparse COO, the same workload of rows
+            as_rows = zen.measure(t.view(-1, 8))
+            assert as_rows.numel == 512 and as_rows.value_size == 8 * 4 and as_rows.nnz == [r // 8 for r in w.nnz]
             coo = zen.measure(_sparse_of(t.view(-1, 8)))
-            assert not coo.dense_input and vars(coo) == dict(vars(w), dense_input=False), name
+            assert not coo.dense_input and vars(coo) == dict(vars(as_rows), dense_input=False), name
 
         times = zen.predict(t)
         expected = zen.predict_times(w, profile)

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from . import ops, wire
+from . import wire
 from .cost import choose, predict_times
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
@@ -80,12 +80,12 @@ class Auto(Scheme):
         return (tuple(self.schemes), self.warmup, self.recheck, self.block_size, self.trials,
                 round(self.trial_margin * 1e6))
 
-    def reduce_dense(self, call: Call, flat):
+    def reduce_extracted(self, call: Call, flat, indices, values):
         start = time.perf_counter()
-        b = call.block_size
-        name = self._pick(call, (flat.numel() // b, b), lambda: ops.nonzero_rows(flat, b) + (True,))
-        self.schemes[name].reduce_dense(call, flat)
-        self._timed(call, (flat.numel() // b, b), name, start)
+        key = (flat.numel() // call.block_size, call.block_size)
+        name = self._pick(call, key, lambda: (indices, values, True))
+        self.schemes[name].reduce_extracted(call, flat, indices, values)
+        self._timed(call, key, name, start)
 
     def reduce_coo(self, call, indices, values, numel):
         start = time.perf_counter()

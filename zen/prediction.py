@@ -24,18 +24,20 @@ compute the same predictions.
 :func:`measure` returns the measured :class:`zen.cost.Workload` itself, for offline use with
 :func:`predict_times` under other profiles.
 """
+import math
 from typing import Dict, Optional, Sequence
 
 import torch
 
-from . import cost
-from .agreement import agree, inspect_call
+from . import cost, wire
+from .agreement import inspect_call
 from .cost import Profile, Workload
-from .geometry import flat_coo
+from .geometry import sparse_rows
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
 from .measurement.workload import measure_now
-from .schemes import registered
+from .schemes import Call, registered
+from .schemes.call import choose_rows, segment_entries
 from .transport import get_comm
 
 
@@ -71,9 +73,21 @@ def _measure(tensor, group, block_size, want_profile, profile=None):
     mine = profile or cached_profile(group)
 
     def job():
-        indices, values, dense_input = flat_coo(tensor)
-        result = measure_now(comm, lambda row: agree(comm, header, row, shape=tuple(tensor.shape)), indices,
-                             values, tensor.numel(), dense_input, block_size, mine,
+        # The entries zen.all_reduce would reduce: rows of a sparse tensor's dense dims, or the rows of the
+        # last dimension where all ranks' rows take fewer bytes (chosen alike, in the agreement), else elements.
+        call = Call(comm, header, tuple(tensor.shape))
+        if tensor.layout == torch.sparse_coo:
+            t = tensor.coalesce()
+            indices, values = sparse_rows(t)
+            numel, dense_input = math.prod(t.shape[:t.sparse_dim()]), False
+        else:
+            flat = tensor.contiguous().view(-1)
+            segment = (0, flat.numel(), tensor.shape[-1] if tensor.dim() > 1 and flat.numel() else 1)
+            blocks, extracted = choose_rows(call, flat, [segment]) if segment[2] > 1 else ([1], [None])
+            indices, values = segment_entries(flat, segment, blocks[0], extracted[0])
+            numel, dense_input = flat.numel() // blocks[0], True
+        result = measure_now(comm, call.agree, indices, values, numel, dense_input,
+                             -(-block_size // wire.row_width(values)), mine,
                              probe=(lambda: probe_now(comm)) if want_profile else None)
         if want_profile and mine is None:
             set_profile(group, result[1])

@@ -58,9 +58,9 @@ class BalancedParallelism(Scheme):
         self.dense_threshold = dense_threshold
         self.gamma = {}  # (entries, row width) -> union growth observed in the last call, for the dense switch
 
-    def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
+    def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
         call.dense_fallback = lambda: dist.all_reduce(flat, group=call.comm.group)
-        super().reduce_dense(call, flat)
+        super().reduce_extracted(call, flat, indices, values)
 
     def reduce_coo(self, call, indices, values, numel):
         return self._sync(call, indices, values, numel)

@@ -72,10 +72,14 @@ class Scheme:
         """Sum ``flat`` (contiguous, 1-D, of M values, b = ``call.block_size`` dividing M) over the group,
         in place. Default: extract the non-zero entries, reduce them as COO, write the union back. The union
         holds every local non-zero, so positions outside it are zero already: no clearing pass is needed."""
-        b = call.block_size
-        indices, values = ops.nonzero_rows(flat, b)
+        indices, values = ops.nonzero_rows(flat, call.block_size)
         call.mark("scan")
-        ops.scatter_pieces_(flat, self.reduce_coo(call, indices, values, flat.numel() // b))
+        self.reduce_extracted(call, flat, indices, values)
+
+    def reduce_extracted(self, call: Call, flat: Tensor, indices: Tensor, values: Tensor) -> None:
+        """:meth:`reduce_dense` once the non-zero entries of ``flat`` are extracted (indices ascending, values
+        [k] or rows [k, b]): reduce them as COO, write the union back."""
+        ops.scatter_pieces_(flat, self.reduce_coo(call, indices, values, flat.numel() // call.block_size))
         call.mark("scatter")
 
     def reduce_coo(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> List[Tuple[Tensor, Tensor]]:

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from .. import agreement, ops
+from .. import agreement, ops, wire
 from ..agreement import MismatchError, Problem
 from ..geometry import rows_are_smaller, rows_to_sparse, sparse_rows
 from ..transport import Comm
@@ -84,72 +84,106 @@ def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int],
             tensor.copy_(flat.view(tensor.shape))
 
 
-def choose_rows(call: Call, flat: torch.Tensor, segments: Sequence[Segment]) -> List[int]:
-    """The block size of each segment: its row size where every rank's rows together travel in fewer bytes
-    than their elements (:func:`zen.geometry.rows_are_smaller`, over the sums of all ranks' counts of the
-    segments of that row size), else 1. One scan per segment counts both (``ops.count_nonzero``); the
-    counts ride in the call's agreement, so every rank chooses alike."""
+def choose_rows(call: Call, flat: torch.Tensor, segments: Sequence[Segment]):
+    """The block size of each segment, and what its scan extracted: its row size where every rank's rows
+    together travel in fewer bytes than their elements (:func:`zen.geometry.rows_are_smaller`, over the sums
+    of all ranks' counts of the segments of that row size), else 1. One pass over each segment extracts its
+    non-zero rows; their elements are counted within them. The counts ride in the call's agreement, so
+    every rank chooses alike. Returns (block sizes, extracted): extracted[i] is segment i's (ids, rows), or
+    None for a segment of row size 1."""
     sizes = sorted({row for _, _, row in segments if row > 1})
     counts = [0] * (2 * len(sizes))
+    extracted = []
     for offset, numel, row in segments:
-        if row > 1:
-            elements, rows = ops.count_nonzero(flat[offset:offset + numel], row)
-            g = sizes.index(row)
-            counts[2 * g] += elements
-            counts[2 * g + 1] += rows
-    totals = call.agree(counts).sum(dim=0).tolist()
+        if row == 1:
+            extracted.append(None)
+            continue
+        ids, rows = ops.nonzero_blocks(flat[offset:offset + numel], row)
+        extracted.append((ids, rows))
+        g = sizes.index(row)
+        counts[2 * g] += ops.count_nonzero(rows.reshape(-1), row)[0]
+        counts[2 * g + 1] += ids.numel()
     call.mark("scan")
+    totals = call.agree(counts).sum(dim=0).tolist()
+    call.mark("agree")
     numels = {row: sum(n for _, n, r in segments if r == row) for row in sizes}
     rows = {row for g, row in enumerate(sizes)
             if rows_are_smaller(totals[2 * g], totals[2 * g + 1], row, numels[row], flat.element_size())}
-    return [row if row in rows else 1 for _, _, row in segments]
+    return [row if row in rows else 1 for _, _, row in segments], extracted
+
+
+def segment_entries(flat: torch.Tensor, segment: Segment, b: int, extracted) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The non-zero entries of ``segment`` as block size ``b``: what the choice extracted (its rows, or
+    their elements), else a scan of the segment."""
+    offset, numel, row = segment
+    if extracted is None:
+        return ops.nonzero_rows(flat[offset:offset + numel], b)
+    ids, rows = extracted
+    if b == row:
+        return ids, rows
+    at, values = ops.nonzero(rows.reshape(-1))  # elements chosen: the rows' non-zero elements
+    at = at.to(torch.int64)
+    return (ids.to(torch.int64)[at // row] * row + at % row).to(wire.index_dtype(numel)), values
 
 
 def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[Segment], chosen: bool) -> None:
     """Sum the segments of ``flat`` in place, each as elements or rows (``chosen``: choose per call, else each
     as rows of its row size); segments of one block size are reduced together, by one run of the scheme."""
-    if chosen and any(row > 1 for _, _, row in segments):
-        blocks = choose_rows(call, flat, segments)
+    if not (chosen and any(row > 1 for _, _, row in segments)):
+        blocks, extracted = [row for _, _, row in segments], None
+        if len(segments) == 1:  # nothing to choose: the scheme scans the tensor itself
+            call.block_size = blocks[0]
+            offset, numel, _ = segments[0]
+            scheme.reduce_dense(call, flat[offset:offset + numel])
+            call.stats["block_size"] = blocks[0]
+            return
     else:
-        blocks = [row for _, _, row in segments]
+        blocks, extracted = choose_rows(call, flat, segments)
     groups = {}
-    for segment, b in zip(segments, blocks):
-        groups.setdefault(b, []).append(segment)
+    for i, (segment, b) in enumerate(zip(segments, blocks)):
+        groups.setdefault(b, []).append((segment, extracted[i] if extracted else None))
     per_group = []
     for b in sorted(groups):
         call.block_size = b
         call.stats = {"phases": call.stats.get("phases", {})}
-        group = groups[b]
-        if len(group) == 1:
-            offset, numel, _ = group[0]
-            scheme.reduce_dense(call, flat[offset:offset + numel])
+        parts = [(segment, segment_entries(flat, segment, b, found)) for segment, found in groups[b]]
+        call.mark("scan")
+        if len(parts) == 1:
+            (offset, numel, _), (indices, values) = parts[0]
+            scheme.reduce_extracted(call, flat[offset:offset + numel], indices, values)
         else:
-            _reduce_parts(call, scheme, flat, group, b)
+            _reduce_parts(call, scheme, flat, parts, b)
         per_group.append(dict(call.stats, block_size=b))
     call.stats = _combined(per_group)
 
 
-def _reduce_parts(call: Call, scheme, flat: torch.Tensor, group: Sequence[Segment], b: int) -> None:
-    """Segments of one block size b as one sparse tensor: their entries one after the other."""
-    views = [flat[offset:offset + numel] for offset, numel, _ in group]
+def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None:
+    """Segments of one block size b, with their extracted entries, as one sparse tensor: their entries one
+    after the other."""
+    views = [flat[offset:offset + numel] for (offset, numel, _), _ in parts]
     bases = [0]
-    indices, values = [], []
     for view in views:
-        idx, val = ops.nonzero_rows(view, b)
-        indices.append(idx.to(torch.int64) + bases[-1])
-        values.append(val)
         bases.append(bases[-1] + view.numel() // b)
-    call.mark("scan")
+    indices = torch.cat([idx.to(torch.int64) + base for (_, (idx, _)), base in zip(parts, bases)])
+    values = torch.cat([val for _, (_, val) in parts])
+
+    went_dense = []
 
     def dense_fallback():
+        went_dense.append(True)
         joined = torch.cat(views)
         dist.all_reduce(joined, group=call.comm.group)
         for view, part in zip(views, joined.split([v.numel() for v in views])):
             view.copy_(part)
 
     call.dense_fallback = dense_fallback
-    pieces = scheme.reduce_coo(call, torch.cat(indices), torch.cat(values), bases[-1])
+    pieces = scheme.reduce_coo(call, indices, values, bases[-1])
     call.dense_fallback = None
+    if not went_dense:
+        # Clear the local entries first: a scheme whose union leaves out entries that summed to zero
+        # (OmniReduce's blocks, a densified sum) must not leave this rank's values there.
+        for view, (_, (idx, val)) in zip(views, parts):
+            ops.scatter_(view, idx, torch.zeros_like(val))
     if pieces:
         idx = torch.cat([p[0].to(torch.int64) for p in pieces])
         val = torch.cat([p[1] for p in pieces])

@@ -16,6 +16,9 @@ class Dense(Scheme):
         n = call.comm.world
         call.stats["bytes_sent"] = 2 * (n - 1) * flat.numel() * flat.element_size() // n
 
+    def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
+        self.reduce_dense(call, flat)  # the non-zeros are not needed: the tensor itself is sent
+
     def reduce_coo(self, call, indices, values, numel):
         width = wire.row_width(values)
         dense = torch.zeros(numel * width, dtype=values.dtype, device=values.device)

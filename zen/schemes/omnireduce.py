@@ -1,7 +1,8 @@
 """``scheme="omnireduce"``: OmniReduce's block-sparse point-to-point scheme (Fei et al., SIGCOMM 2021).
 
 The M elements are cut into B = ceil(M / block_size) fixed blocks (256 elements by default); a block is
-non-zero when any of its elements is. Worker w owns the contiguous block range [w B / n, (w + 1) B / n):
+non-zero when any of its elements is. Where the call reduces rows of b values, a block is the fewest whole
+rows that hold block_size elements (``rows_per_block``), so no block cuts a row. Worker w owns the contiguous block range [w B / n, (w + 1) B / n):
 
 1. agree: all ranks exchange how many non-zero blocks they have in each owner's range;
 2. push: all-to-all, each owner receives the non-zero blocks of its range (a bitmap of the blocks present,
@@ -58,17 +59,33 @@ class OmniReduce(Scheme):
             scatter_blocks(flat, union_ids, union_vals, bs)
         call.mark("scatter")
 
-    def reduce_coo(self, call, indices, values, numel):
+    def _blocks_of(self, indices, values):
+        """(block ids, blocks [K, rows * width]) of unique entries: each block the fewest whole rows that hold
+        ``block_size`` elements (:meth:`rows_per_block`)."""
         width = wire.row_width(values)
         rows = self.rows_per_block(width)
         idx = indices.long()
         ids, inverse = torch.unique(idx // rows, sorted=True, return_inverse=True)
         blocks = torch.zeros((ids.numel(), rows, width), dtype=values.dtype, device=values.device)
         blocks[inverse, idx % rows] = values.view(-1, width)
+        return ids, blocks.view(-1, rows * width)
+
+    def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
+        ids, blocks = self._blocks_of(indices, values)
+        bs = blocks.shape[1]
+        call.mark("scan")
+        for union_ids, union_vals in self._sync(call, ids, blocks, flat.numel(), bs):
+            scatter_blocks(flat, union_ids, union_vals, bs)  # whole blocks: entries that summed to zero too
+        call.mark("scatter")
+
+    def reduce_coo(self, call, indices, values, numel):
+        width = wire.row_width(values)
+        rows = self.rows_per_block(width)
+        ids, blocks = self._blocks_of(indices, values)
         call.mark("scan")
         out = []
         idx_dtype = wire.index_dtype(numel)
-        for union_ids, union_vals in self._sync(call, ids, blocks.view(-1, rows * width), numel * width, rows * width):
+        for union_ids, union_vals in self._sync(call, ids, blocks, numel * width, rows * width):
             at, vals = ops.nonzero_rows(union_vals.reshape(-1), width)
             at = at.long()
             out.append(((union_ids[at // rows] * rows + at % rows).to(idx_dtype), vals))

@@ -65,9 +65,7 @@ class SparCML(Scheme):
         """The settings every rank must share (receivers infer formats from them); checked in the agreement."""
         return (self.dense_threshold,)
 
-    def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
-        indices, values = ops.nonzero_rows(flat, call.block_size)
-        call.mark("scan")
+    def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
         result = self._sync(call, indices, values, flat.numel() // call.block_size)
         if result.dense is not None:
             flat.copy_(result.dense)
