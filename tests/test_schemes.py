@@ -171,7 +171,8 @@ def _run_predict_and_auto(rank, world):
             as_rows = zen.measure(t.view(-1, 8))
             assert as_rows.numel == 512 and as_rows.value_size == 8 * 4 and as_rows.nnz == [r // 8 for r in w.nnz]
             coo = zen.measure(_sparse_of(t.view(-1, 8)))
-            assert not coo.dense_input and vars(coo) == dict(vars(as_rows), dense_input=False), name
+            assert as_rows.row_size == 8 and as_rows.row_choice  # (the tensor [512, 8]: rows chosen per call)
+            assert not coo.dense_input and vars(coo) == dict(vars(as_rows), dense_input=False, row_choice=False), name
 
         times = zen.predict(t)
         expected = zen.predict_times(w, profile)

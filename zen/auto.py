@@ -136,7 +136,8 @@ class Auto(Scheme):
         indices, values, dense_input = coo()
         own = self.profile or cached_profile(comm.user_group)
         workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input,
-                                        -(-self.block_size // width), own, probe=lambda: probe_now(comm))
+                                        -(-self.block_size // width), own, probe=lambda: probe_now(comm),
+                                        row_choice=call.agreed)
         if own is None:  # keep the agreed profile: the probe runs once per group
             set_profile(comm.user_group, profile)
         times = predict_times(workload, profile, {name: type(scheme) for name, scheme in self.schemes.items()})

@@ -88,7 +88,7 @@ def _measure(tensor, group, block_size, want_profile, profile=None):
             numel, dense_input = flat.numel() // blocks[0], True
         result = measure_now(comm, call.agree, indices, values, numel, dense_input,
                              -(-block_size // wire.row_width(values)), mine,
-                             probe=(lambda: probe_now(comm)) if want_profile else None)
+                             probe=(lambda: probe_now(comm)) if want_profile else None, row_choice=call.agreed)
         if want_profile and mine is None:
             set_profile(group, result[1])
         return result

@@ -54,8 +54,18 @@ def allgather(ints: int, w: Workload, p: Profile) -> float:
 
 def agree(extra_ints: int, w: Workload, p: Profile) -> float:
     """The agreement, every scheme's first collective: an all-gather of its row (the header, the count of
-    ``extra_ints`` and their slots: ``zen.agreement.row_ints``)."""
+    ``extra_ints`` and their slots: ``zen.agreement.row_ints``); where the call chose its block size
+    (``w.row_choice``), that choice's agreement of 2 counts comes first and the scheme's numbers follow as
+    a plain all-gather."""
+    if w.row_choice:
+        return allgather(row_ints(w.n, 2), w, p) + allgather(extra_ints, w, p)
     return allgather(row_ints(w.n, extra_ints), w, p)
+
+
+def rows_moved(count: float, w: Workload, p: Profile) -> float:
+    """Copying ``count`` rows of b values (s_v = the row's bytes) at mu: what a kernel's per-pair time leaves
+    out when its entries are rows; 0 for elements."""
+    return count * w.value_size / p.memory_bandwidth if w.row_size > 1 else 0.0
 
 
 SCAN_BLOCK = 16  # elements the non-zero scan tests at once (csrc/cpu/nonzero_cpu.cpp)

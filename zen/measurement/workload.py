@@ -38,10 +38,11 @@ def _indices_of(bitmap: torch.Tensor, first_byte: int):
 
 
 def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: bool, block_size: int = 256,
-                profile: Optional[Profile] = None, probe: Optional[Callable[[], Profile]] = None
-                ) -> Tuple[Workload, Optional[Profile]]:
+                profile: Optional[Profile] = None, probe: Optional[Callable[[], Profile]] = None,
+                row_choice: bool = False) -> Tuple[Workload, Optional[Profile]]:
     """Measure the workload of all-reducing (indices, values) over [0, numel) entries (collective, on the
-    lane); values [k] or rows [k, b], ``block_size`` OmniReduce's in entries.
+    lane); values [k] or rows [k, b], ``block_size`` OmniReduce's in entries; ``row_choice``: the call agreed
+    on its block size first (``agree`` is then a plain all-gather).
 
     ``agree(row)`` is the first collective (the call's agreement), of [has a profile, nnz]. With ``probe``
     (the network probe, collective: ``zen.measurement.probe.probe_now`` bound to the group), ranks without a
@@ -105,5 +106,6 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
                         hash_counts=[r[columns[2]:columns[3]] for r in gathered], hash_union=hash_total,
                         doubling_unions=doubling, block_counts=[r[columns[3]:columns[4]] for r in gathered],
                         block_union=block_total, index_size=si, value_size=wire.entry_bytes(values),
-                        block_size=block_size, dense_input=dense_input)
+                        block_size=block_size, dense_input=dense_input, row_size=wire.row_width(values),
+                        row_choice=row_choice)
     return workload, (store.decode(gathered[0][-len(store.columns(schemes)):], schemes) if probe is not None else None)

@@ -177,7 +177,8 @@ class BalancedParallelism(Scheme):
         of the repeated pieces (COO or hash bitmap, whichever smaller); decode (x_d |U_j| + |I_j| / 8 / mu
         per bitmap piece, plus the lines of I_j read, :func:`lines_bytes`, at mu); scatter: the write-back of U."""
         n, c = w.n, w.hash_counts
-        phases = dict(scan=terms.scan(w, p), partition=max(w.nnz) * p.element_time, agree=terms.agree(n, w, p))
+        phases = dict(scan=terms.scan(w, p), partition=max(w.nnz) * p.element_time + terms.rows_moved(max(w.nnz), w, p),
+                      agree=terms.agree(n, w, p))
         if n <= 1:
             return dict(phases, scatter=terms.write_back(w.union, w, p))
         send = [sum(terms.coo(c[r][j], w) for j in range(n) if j != r) for r in range(n)]
@@ -186,7 +187,7 @@ class BalancedParallelism(Scheme):
         largest = max(terms.coo(c[r][j], w) for r in range(n) for j in range(n) if j != r)
         packing = max(terms.coo(x, w) for x in w.nnz) / p.memory_bandwidth
         phases["push"] = packing + terms.alltoall(send, recv, largest, w, p)
-        phases["aggregate"] = max(received) * p.merge_time
+        phases["aggregate"] = max(received) * p.merge_time + terms.rows_moved(max(received), w, p)
         pieces = [_pull_piece(u, w) for u in w.hash_union]
         bitmap = [x < terms.coo(u, w) for x, u in zip(pieces, w.hash_union)]
         bitmap_bytes = w.numel / n / 8 / p.memory_bandwidth  # |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read
