@@ -1,6 +1,8 @@
 # The quick start: `make bench` (the main job) and `make test` (the test suite), on a fresh machine.
-# Both create .venv with torch 2.13.0 (CPU build) and build zen in place on top of it.
+# Both create .venv with torch 2.13.0 (the registry's default wheel for the platform; TORCH_PIP_ARGS passes
+# pip another index, e.g. PyTorch's CPU-only one) and build zen in place on top of it.
 PYTHON ?= python3
+TORCH_PIP_ARGS ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
@@ -9,7 +11,7 @@ SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -q setuptools wheel ninja numpy pytest hypothesis matplotlib tqdm
 	touch $@
 

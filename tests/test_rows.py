@@ -73,9 +73,11 @@ def _exact(rank, world):
     g = torch.Generator().manual_seed(100 + rank)
     topk = torch.zeros(300 * 64)
     topk[torch.randperm(topk.numel(), generator=g)[:384]] = 1.5
-    for scheme in SCHEMES:
+    check("rows before topk", row_sparse(300, 64, [1, 2], rank), "zen")  # the shape's last choice: rows
+    for scheme in SCHEMES:  # after rows of the same shape: the first call's agreed choice changes, once
         stats = check("topk", topk.view(300, 64).clone(), scheme)
         chosen[f"topk/{scheme}"] = stats.get("block_size")
+        chosen[f"topk changed/{scheme}"] = stats.get("choice_changed", False)
 
     # sparse COO with duplicate rows (uncoalesced) and two dense dims: summed locally first, sent as rows.
     rows = torch.tensor([3, 0, 3, 49, 3, rank + 5])
@@ -93,7 +95,9 @@ def test_every_scheme_exact_on_rows():
     for failures, chosen in run_ranks(3, _exact, timeout=600):
         assert failures == []
         for label, block in chosen.items():
-            if label.startswith("topk/"):
+            if label.startswith("topk changed/"):
+                assert block == (label == f"topk changed/{SCHEMES[0]}"), label  # started over once, then kept
+            elif label.startswith("topk/"):
                 assert block == 1, label  # element-sparse: stays elements
             elif label.startswith("coo/"):
                 assert block == 8, label  # a sparse gradient travels as rows of its dense dims

@@ -137,7 +137,7 @@ class Auto(Scheme):
         own = self.profile or cached_profile(comm.user_group)
         workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input,
                                         -(-self.block_size // width), own, probe=lambda: probe_now(comm),
-                                        row_choice=call.agreed)
+                                        row_choice=call.choosing)
         if own is None:  # keep the agreed profile: the probe runs once per group
             set_profile(comm.user_group, profile)
         times = predict_times(workload, profile, {name: type(scheme) for name, scheme in self.schemes.items()})

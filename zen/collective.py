@@ -93,8 +93,9 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
     Errors are the same on every rank: a tensor that differs across ranks (numel, shape, dtype, layout,
     device), or a scheme that does, or any rank's bad input (unsupported dtype, device or layout, unknown
     scheme, not a tensor) raises :class:`zen.MismatchError` (a ValueError) naming the rank and the problem,
-    and the group stays usable. A dead or stalled peer raises (a RuntimeError from the backend) within the
-    group's timeout, after which the group is broken on that rank (:class:`zen.BrokenGroupError`).
+    and the group stays usable. A dead or stalled peer raises :class:`zen.PeerError` (a RuntimeError naming
+    the rank waited on) within the group's timeout, after which the group is broken on that rank
+    (:class:`zen.BrokenGroupError`).
 
     ``block_size``: the tensor travels as R = M / b entries of b consecutive values (rows), one index per
     entry, an entry with any non-zero sent whole. None (default) chooses per call, alike on every rank:

@@ -79,16 +79,16 @@ def _measure(tensor, group, block_size, want_profile, profile=None):
         if tensor.layout == torch.sparse_coo:
             t = tensor.coalesce()
             indices, values = sparse_rows(t)
-            numel, dense_input = math.prod(t.shape[:t.sparse_dim()]), False
+            numel, dense_input, row_choice = math.prod(t.shape[:t.sparse_dim()]), False, False
         else:
             flat = tensor.contiguous().view(-1)
             segment = (0, flat.numel(), tensor.shape[-1] if tensor.dim() > 1 and flat.numel() else 1)
             blocks, extracted = choose_rows(call, flat, [segment]) if segment[2] > 1 else ([1], [None])
             indices, values = segment_entries(flat, segment, blocks[0], extracted[0])
-            numel, dense_input = flat.numel() // blocks[0], True
+            numel, dense_input, row_choice = flat.numel() // blocks[0], True, segment[2] > 1
         result = measure_now(comm, call.agree, indices, values, numel, dense_input,
                              -(-block_size // wire.row_width(values)), mine,
-                             probe=(lambda: probe_now(comm)) if want_profile else None, row_choice=call.agreed)
+                             probe=(lambda: probe_now(comm)) if want_profile else None, row_choice=row_choice)
         if want_profile and mine is None:
             set_profile(group, result[1])
         return result

@@ -92,9 +92,8 @@ class Workload:
 
     Counts are of entries: elements, or rows of b values where the call reduces rows; then numel is the
     number of rows, value_size the bytes of a row (b s_v) and block_size OmniReduce's block in rows, so
-    every formula in bytes holds unchanged. row_size: b (1 for elements). row_choice: the call agreed on
-    its block size first (a tensor whose rows it may reduce, block size chosen per call): one more
-    all-gather before the scheme's own.
+    every formula in bytes holds unchanged. row_size: b (1 for elements). row_choice: the call chooses its
+    block size (its agreement carries 2 more counts).
 
     nnz[r]: non-zeros of rank r. union: |U|. hash_counts[r][j]: non-zeros of rank r that h0 sends to
     partition j; hash_union[j] = |U_j|. doubling_unions[s][g]: SparCML's running union after s doubling

@@ -54,12 +54,9 @@ def allgather(ints: int, w: Workload, p: Profile) -> float:
 
 def agree(extra_ints: int, w: Workload, p: Profile) -> float:
     """The agreement, every scheme's first collective: an all-gather of its row (the header, the count of
-    ``extra_ints`` and their slots: ``zen.agreement.row_ints``); where the call chose its block size
-    (``w.row_choice``), that choice's agreement of 2 counts comes first and the scheme's numbers follow as
-    a plain all-gather."""
-    if w.row_choice:
-        return allgather(row_ints(w.n, 2), w, p) + allgather(extra_ints, w, p)
-    return allgather(row_ints(w.n, extra_ints), w, p)
+    ``extra_ints`` and their slots: ``zen.agreement.row_ints``), 2 more where the call chooses its block
+    size (``w.row_choice``: the counts of elements and rows ride in front)."""
+    return allgather(row_ints(w.n, extra_ints + (2 if w.row_choice else 0)), w, p)
 
 
 def rows_moved(count: float, w: Workload, p: Profile) -> float:

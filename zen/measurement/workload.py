@@ -41,8 +41,8 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
                 profile: Optional[Profile] = None, probe: Optional[Callable[[], Profile]] = None,
                 row_choice: bool = False) -> Tuple[Workload, Optional[Profile]]:
     """Measure the workload of all-reducing (indices, values) over [0, numel) entries (collective, on the
-    lane); values [k] or rows [k, b], ``block_size`` OmniReduce's in entries; ``row_choice``: the call agreed
-    on its block size first (``agree`` is then a plain all-gather).
+    lane); values [k] or rows [k, b], ``block_size`` OmniReduce's in entries; ``row_choice``: the call it
+    measures chooses its block size (for the cost model's agreement).
 
     ``agree(row)`` is the first collective (the call's agreement), of [has a profile, nnz]. With ``probe``
     (the network probe, collective: ``zen.measurement.probe.probe_now`` bound to the group), ranks without a

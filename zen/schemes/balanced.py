@@ -16,7 +16,6 @@ each rank sends (n-1)/n * lambda * M d (s_i + s_v) bytes in the push and
 from typing import Dict, Optional
 
 import torch
-import torch.distributed as dist
 
 from .. import ops, wire
 from ..cost import Profile, Workload, terms
@@ -59,7 +58,7 @@ class BalancedParallelism(Scheme):
         self.gamma = {}  # (entries, row width) -> union growth observed in the last call, for the dense switch
 
     def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
-        call.dense_fallback = lambda: dist.all_reduce(flat, group=call.comm.group)
+        call.dense_fallback = lambda: call.comm.all_reduce(flat)
         super().reduce_extracted(call, flat, indices, values)
 
     def reduce_coo(self, call, indices, values, numel):

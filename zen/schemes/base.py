@@ -37,15 +37,28 @@ class Call:
     dense_fallback: Optional[Callable[[], None]] = None
     stats: dict = field(default_factory=dict)
     agreed: bool = False
+    choice_counts: Optional[List[int]] = None
+    on_choice: Optional[Callable[[List[int]], None]] = None
     _last_mark: float = field(default_factory=time.perf_counter)
 
     def agree(self, extra: List[int]) -> Tensor:
-        """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank. When
-        the caller agreed already (to choose the block size), a plain all-gather of ``extra``."""
+        """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank. Where
+        the caller chooses the block size, its ``choice_counts`` ride in front and ``on_choice`` gets their
+        sums over the ranks (and may raise, alike on every rank). Once agreed, a plain all-gather."""
         if self.agreed:
             return self.comm.all_gather_rows(extra)
         self.agreed = True
-        return agreement.agree(self.comm, self.header, extra, shape=self.shape, scheme_name=self.scheme_name)
+        counts, self.choice_counts = self.choice_counts or [], None
+        rows = agreement.agree(self.comm, self.header, counts + list(extra), shape=self.shape,
+                               scheme_name=self.scheme_name)
+        if counts:
+            self.on_choice(rows[:, :len(counts)].sum(dim=0).tolist())
+        return rows[:, len(counts):]
+
+    @property
+    def choosing(self) -> bool:
+        """Whether this call's agreement carries the counts of a block-size choice."""
+        return self.choice_counts is not None
 
     def mark(self, phase: str) -> None:
         """Charge the time since the previous mark (or the call's start) to ``phase`` in stats["phases"]

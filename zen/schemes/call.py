@@ -10,7 +10,6 @@ import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 
 from .. import agreement, ops, wire
 from ..agreement import MismatchError, Problem
@@ -84,13 +83,11 @@ def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int],
             tensor.copy_(flat.view(tensor.shape))
 
 
-def choose_rows(call: Call, flat: torch.Tensor, segments: Sequence[Segment]):
-    """The block size of each segment, and what its scan extracted: its row size where every rank's rows
-    together travel in fewer bytes than their elements (:func:`zen.geometry.rows_are_smaller`, over the sums
-    of all ranks' counts of the segments of that row size), else 1. One pass over each segment extracts its
-    non-zero rows; their elements are counted within them. The counts ride in the call's agreement, so
-    every rank chooses alike. Returns (block sizes, extracted): extracted[i] is segment i's (ids, rows), or
-    None for a segment of row size 1."""
+def scan_rows(flat: torch.Tensor, segments: Sequence[Segment]):
+    """One pass over each segment of row size b > 1: its non-zero rows (ids, rows), and per distinct row size
+    the count of non-zero elements (counted within those rows) and of non-zero rows. Returns (extracted,
+    counts): extracted[i] is segment i's (ids, rows), None for a segment of row size 1; counts is
+    [elements, rows] per distinct row size, ascending."""
     sizes = sorted({row for _, _, row in segments if row > 1})
     counts = [0] * (2 * len(sizes))
     extracted = []
@@ -103,13 +100,27 @@ def choose_rows(call: Call, flat: torch.Tensor, segments: Sequence[Segment]):
         g = sizes.index(row)
         counts[2 * g] += ops.count_nonzero(rows.reshape(-1), row)[0]
         counts[2 * g + 1] += ids.numel()
-    call.mark("scan")
-    totals = call.agree(counts).sum(dim=0).tolist()
-    call.mark("agree")
+    return extracted, counts
+
+
+def decide_rows(totals: Sequence[int], flat: torch.Tensor, segments: Sequence[Segment]) -> List[int]:
+    """The block size of each segment from the sums over all ranks of :func:`scan_rows`'s counts: its row size
+    where the rows travel in fewer bytes than their elements (:func:`zen.geometry.rows_are_smaller`), else 1."""
+    sizes = sorted({row for _, _, row in segments if row > 1})
     numels = {row: sum(n for _, n, r in segments if r == row) for row in sizes}
     rows = {row for g, row in enumerate(sizes)
             if rows_are_smaller(totals[2 * g], totals[2 * g + 1], row, numels[row], flat.element_size())}
-    return [row if row in rows else 1 for _, _, row in segments], extracted
+    return [row if row in rows else 1 for _, _, row in segments]
+
+
+def choose_rows(call: Call, flat: torch.Tensor, segments: Sequence[Segment]):
+    """(block sizes, extracted) of :func:`scan_rows` and :func:`decide_rows`, the counts exchanged in the call's
+    agreement on their own (a round of its own: for measuring, where the choice must come first)."""
+    extracted, counts = scan_rows(flat, segments)
+    call.mark("scan")
+    totals = call.agree(counts).sum(dim=0).tolist()
+    call.mark("agree")
+    return decide_rows(totals, flat, segments), extracted
 
 
 def segment_entries(flat: torch.Tensor, segment: Segment, b: int, extracted) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -126,19 +137,47 @@ def segment_entries(flat: torch.Tensor, segment: Segment, b: int, extracted) -> 
     return (ids.to(torch.int64)[at // row] * row + at % row).to(wire.index_dtype(numel)), values
 
 
+class _ChoiceChanged(Exception):
+    """Raised alike on every rank by the agreement when the agreed block sizes differ from the expected ones."""
+
+
 def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[Segment], chosen: bool) -> None:
     """Sum the segments of ``flat`` in place, each as elements or rows (``chosen``: choose per call, else each
-    as rows of its row size); segments of one block size are reduced together, by one run of the scheme."""
+    as rows of its row size); segments of one block size are reduced together, by one run of the scheme.
+
+    The choice costs no round of its own: the scheme runs with the block sizes agreed on the previous call of
+    the same segments (rows, on the first), and this call's counts ride in its agreement. Where the agreed
+    choice differs (every rank sees it there), every rank starts the scheme over with it, once."""
     if not (chosen and any(row > 1 for _, _, row in segments)):
-        blocks, extracted = [row for _, _, row in segments], None
         if len(segments) == 1:  # nothing to choose: the scheme scans the tensor itself
-            call.block_size = blocks[0]
+            call.block_size = segments[0][2]
             offset, numel, _ = segments[0]
             scheme.reduce_dense(call, flat[offset:offset + numel])
-            call.stats["block_size"] = blocks[0]
+            call.stats["block_size"] = call.block_size
             return
-    else:
-        blocks, extracted = choose_rows(call, flat, segments)
+        _reduce_groups(call, scheme, flat, segments, [row for _, _, row in segments], None)
+        return
+    key = (tuple(segments), flat.dtype)
+    expected = call.comm.row_choices.get(key, [row for _, _, row in segments])
+    extracted, counts = scan_rows(flat, segments)
+    call.mark("scan")
+    agreed = []
+
+    def on_choice(totals):
+        agreed.append(decide_rows(totals, flat, segments))
+        call.comm.row_choices[key] = agreed[0]
+        if agreed[0] != expected:
+            raise _ChoiceChanged()
+
+    call.choice_counts, call.on_choice = counts, on_choice
+    try:
+        _reduce_groups(call, scheme, flat, segments, expected, extracted)
+    except _ChoiceChanged:
+        _reduce_groups(call, scheme, flat, segments, agreed[0], extracted)
+        call.stats["choice_changed"] = True
+
+
+def _reduce_groups(call: Call, scheme, flat: torch.Tensor, segments, blocks, extracted) -> None:
     groups = {}
     for i, (segment, b) in enumerate(zip(segments, blocks)):
         groups.setdefault(b, []).append((segment, extracted[i] if extracted else None))
@@ -172,7 +211,7 @@ def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None
     def dense_fallback():
         went_dense.append(True)
         joined = torch.cat(views)
-        dist.all_reduce(joined, group=call.comm.group)
+        call.comm.all_reduce(joined)
         for view, part in zip(views, joined.split([v.numel() for v in views])):
             view.copy_(part)
 

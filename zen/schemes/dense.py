@@ -1,6 +1,5 @@
 """``scheme="dense"``: torch.distributed.all_reduce, the baseline. T = 2 (n-1)/n * M s_v / b (ring)."""
 import torch
-import torch.distributed as dist
 
 from .. import ops, wire
 from ..cost import Profile, Workload, terms
@@ -12,7 +11,7 @@ class Dense(Scheme):
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
         call.agree([])
-        dist.all_reduce(flat, group=call.comm.group)
+        call.comm.all_reduce(flat)
         n = call.comm.world
         call.stats["bytes_sent"] = 2 * (n - 1) * flat.numel() * flat.element_size() // n
 
