@@ -199,8 +199,9 @@ def test_wire_round_trips_rows(count, width, val_dtype, idx_dtype):
 
 
 def _mixed_buckets(rank, world):
-    """A bucket of an embedding (row-sparse), a dense weight of the same row size, a bias and a top-k-like
-    matrix, through the hook with every scheme; entries that sum to zero across ranks included."""
+    """A bucket of an embedding (row-sparse), a dense weight of the same row size, a bias, a top-k-like matrix
+    and a small matrix (under SMALL_PARAMETER: elements), through the hook with every scheme; entries that sum
+    to zero across ranks included."""
     import torch.distributed as dist
 
     import zen
@@ -208,14 +209,15 @@ def _mixed_buckets(rank, world):
 
     zen.set_profile(**PROFILE)
     g = torch.Generator().manual_seed(7)  # the same on every rank
-    embedding = row_sparse(200, 16, torch.tensor([0, 5, 77, 198]) + rank, rank)
+    embedding = row_sparse(300, 16, torch.tensor([0, 5, 77, 298]) + rank, rank)
     embedding[5] = (1 if rank == 0 else -1) * torch.arange(16.0)  # sums to zero on two ranks
-    weight = torch.randint(-4, 5, (8, 16), generator=g).float() * (1 + rank)
+    weight = torch.randint(-4, 5, (256, 16), generator=g).float() * (1 + rank)
     bias = torch.zeros(16)
     bias[3] = 2.0 if rank == 0 else -2.0
-    topk = torch.zeros(100, 30)
-    topk.view(-1)[torch.randperm(3000, generator=torch.Generator().manual_seed(rank))[:40]] = 0.5
-    params = [embedding, weight, bias, topk]
+    topk = torch.zeros(200, 30)
+    topk.view(-1)[torch.randperm(6000, generator=torch.Generator().manual_seed(rank))[:40]] = 0.5
+    small = torch.randint(-2, 3, (4, 16), generator=g).float()
+    params = [embedding, weight, bias, topk, small]
     failures, chosen = [], {}
     for scheme in ("zen", "agsparse", "sparcml", "omnireduce", "auto", "dense"):
         buffer = torch.cat([p.reshape(-1) for p in params])
@@ -233,6 +235,6 @@ def _mixed_buckets(rank, world):
 def test_hook_mixed_bucket_every_scheme():
     for failures, chosen in run_ranks(2, _mixed_buckets):
         assert failures == []
-        # rows of 16 (embedding and weight, reduced together), elements (the bias, and the top-k matrix whose
-        # 40 elements lie in about 40 of its rows of 30)
+        # rows of 16 (embedding and weight, reduced together), elements (the bias, the small matrix and the
+        # top-k matrix, whose 40 elements lie in about 40 of its rows of 30)
         assert all(blocks == [1, 16] for scheme, blocks in chosen.items() if scheme != "dense"), chosen

@@ -120,16 +120,23 @@ class ZenState:
             setattr(self, name, value)
 
 
+# A parameter smaller than this stays elements: reducing it in a group of its own would cost a round more
+# than its rows could save (at most 4 bytes of index per element, 16 KiB: under one latency of a fast link).
+SMALL_PARAMETER = 4096
+
+
 def bucket_segments(bucket, buffer: torch.Tensor) -> Optional[List[Segment]]:
     """The bucket's parameters as segments of its flat buffer: (offset, numel, row size), the row size the
-    parameter's trailing dims (numel / shape[0] for 2-D and more, 1 for a vector). None where the bucket
-    says nothing of its parameters or they do not tile the buffer (then the buffer's own shape decides)."""
+    parameter's trailing dims (numel / shape[0] for 2-D and more, 1 for a vector or a parameter of fewer than
+    ``SMALL_PARAMETER`` elements). None where the bucket says nothing of its parameters or they do not tile
+    the buffer (then the buffer's own shape decides)."""
     parameters = getattr(bucket, "parameters", None)
     if parameters is None or buffer.layout != torch.strided:
         return None
     segments, offset = [], 0
     for p in parameters():
-        rows = p.numel() // p.shape[0] if p.dim() > 1 and p.shape[0] else 1
+        large = p.dim() > 1 and p.shape[0] and p.numel() >= SMALL_PARAMETER
+        rows = p.numel() // p.shape[0] if large else 1
         segments.append((offset, p.numel(), rows))
         offset += p.numel()
     return segments if offset == buffer.numel() and segments else None
