@@ -166,8 +166,8 @@ def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend
         problem, detail = Problem.LAYOUT, f"got {tensor.layout}"
     elif tensor.layout == torch.strided and torch._debug_has_internal_overlap(tensor) == 1:
         problem, detail = Problem.OVERLAP, f"strides {tensor.stride()} for shape {tuple(tensor.shape)}"
-    elif _block_size_problem(tensor, block_size):
-        problem, detail = Problem.BLOCK_SIZE, _block_size_problem(tensor, block_size)
+    elif why := _block_size_problem(tensor, block_size):
+        problem, detail = Problem.BLOCK_SIZE, why
     header[_PROBLEM] = int(problem)
     return header, detail
 

@@ -77,11 +77,9 @@ def sparse_to_flat(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(indices, values) of a coalesced sparse COO tensor over its flat index space: entry (row, column)
     of its sparse dims x dense dims is flat index row * D + column, D the dense dims' size."""
     row_numel = math.prod(t.shape[t.sparse_dim():])
-    rows = torch.zeros(t.indices().shape[1], dtype=torch.int64, device=t.device)
-    for dim, size in enumerate(t.shape[:t.sparse_dim()]):
-        rows = rows * size + t.indices()[dim]
+    rows, values = sparse_rows(t)
     flat_idx = (rows[:, None] * row_numel + torch.arange(row_numel, device=t.device)).reshape(-1)
-    return flat_idx, t.values().reshape(-1)
+    return flat_idx, values.reshape(-1)
 
 
 def sparse_rows(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ Buckets reach the lane in DDP's bucket order, the same on every rank, and the la
 
 The hook finds rows without being told: each parameter of a bucket is a segment of the bucket's buffer
 whose row size is its trailing dims (an embedding [V, D]: rows of D; a bias: elements). Per call and per
-row size, rows or elements are chosen alike on every rank (``zen.schemes.call.choose_rows``), and the
+row size, rows or elements are chosen alike on every rank (``zen.schemes.call.reduce_segments``), and the
 segments of one block size are reduced together, so a bucket's rounds of collectives grow with its
 number of distinct row sizes, not of parameters. A sparse gradient (``nn.Embedding(sparse=True)``)
 travels as rows of its dense dims.
@@ -25,6 +25,11 @@ from .schemes.call import Segment, run_call
 from .transport import get_comm
 
 logger = logging.getLogger("zen")
+
+
+def _no_totals() -> dict:
+    """:meth:`ZenState.summary`'s counters before the first bucket."""
+    return dict(steps=0, buckets=0, bytes_sent=0, dense_bytes=0, schemes={}, seconds=0.0)
 
 
 class ZenState:
@@ -68,7 +73,7 @@ class ZenState:
         self._comm = None
         self._scheme = None
         self.last_stats = {}
-        self._totals = dict(steps=0, buckets=0, bytes_sent=0, dense_bytes=0, schemes={}, seconds=0.0)
+        self._totals = _no_totals()
 
     def summary(self) -> dict:
         """This rank's totals since the state was made: ``steps``, ``buckets``, ``bytes_sent``, ``dense_bytes``
@@ -115,7 +120,7 @@ class ZenState:
         self._comm = None
         self._scheme = None
         self.log_every = None
-        self._totals = dict(steps=0, buckets=0, bytes_sent=0, dense_bytes=0, schemes={}, seconds=0.0)
+        self._totals = _no_totals()
         for name, value in state.items():
             setattr(self, name, value)
 

@@ -46,7 +46,8 @@ class AllGatherSparse(Scheme):
         del payload
         call.mark("gather")
 
-        pieces = [wire.unpack_coo(buf, k, idx_dtype, val_dtype, width) for buf, k in zip(wire.split(gathered, sizes), nnz)]
+        pieces = [wire.unpack_coo(buf, k, idx_dtype, val_dtype, width)
+                  for buf, k in zip(wire.split(gathered, sizes), nnz)]
         union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
                                              numel)
         call.mark("sum")

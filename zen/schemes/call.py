@@ -178,6 +178,7 @@ def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[S
 
 
 def _reduce_groups(call: Call, scheme, flat: torch.Tensor, segments, blocks, extracted) -> None:
+    """The segments with block sizes ``blocks``, one run of the scheme per block size (ascending)."""
     groups = {}
     for i, (segment, b) in enumerate(zip(segments, blocks)):
         groups.setdefault(b, []).append((segment, extracted[i] if extracted else None))
@@ -224,8 +225,7 @@ def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None
         for view, (_, (idx, val)) in zip(views, parts):
             ops.scatter_(view, idx, torch.zeros_like(val))
     if pieces:
-        idx = torch.cat([p[0].to(torch.int64) for p in pieces])
-        val = torch.cat([p[1] for p in pieces])
+        idx, val = _joined(pieces)
         owner = torch.searchsorted(torch.tensor(bases[1:-1], dtype=torch.int64, device=idx.device), idx, right=True)
         order = torch.argsort(owner, stable=True)
         idx, val = idx[order], val[order]
@@ -252,15 +252,18 @@ def reduce_sparse_coo(call: Call, scheme, tensor: torch.Tensor) -> None:
     rows is written back into ``tensor`` (still sparse, coalesced)."""
     t = tensor.coalesce()
     rows, values = sparse_rows(t)
-    call.block_size = values.shape[1] if values.dim() == 2 else 1
-    num_rows = math.prod(t.shape[:t.sparse_dim()])
-    pieces = scheme.reduce_coo(call, rows, values, num_rows)
+    call.block_size = wire.row_width(values)
+    pieces = scheme.reduce_coo(call, rows, values, math.prod(t.shape[:t.sparse_dim()]))
     call.stats["block_size"] = call.block_size
     if pieces:
-        rows = torch.cat([p[0].to(torch.int64) for p in pieces])
-        values = torch.cat([p[1] for p in pieces])
+        rows, values = _joined(pieces)
         order = torch.argsort(rows)
         rows, values = rows[order], values[order]
     else:
         rows, values = rows[:0], values[:0]
     tensor.copy_(rows_to_sparse(rows, values, t.shape, t.sparse_dim()))
+
+
+def _joined(pieces) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A scheme's union pieces as one (int64 indices, values)."""
+    return torch.cat([p[0].to(torch.int64) for p in pieces]), torch.cat([p[1] for p in pieces])

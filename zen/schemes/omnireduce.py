@@ -2,7 +2,8 @@
 
 The M elements are cut into B = ceil(M / block_size) fixed blocks (256 elements by default); a block is
 non-zero when any of its elements is. Where the call reduces rows of b values, a block is the fewest whole
-rows that hold block_size elements (``rows_per_block``), so no block cuts a row. Worker w owns the contiguous block range [w B / n, (w + 1) B / n):
+rows that hold block_size elements (``rows_per_block``), so no block cuts a row. Worker w owns the
+contiguous block range [w B / n, (w + 1) B / n):
 
 1. agree: all ranks exchange how many non-zero blocks they have in each owner's range;
 2. push: all-to-all, each owner receives the non-zero blocks of its range (a bitmap of the blocks present,
@@ -80,12 +81,13 @@ class OmniReduce(Scheme):
 
     def reduce_coo(self, call, indices, values, numel):
         width = wire.row_width(values)
-        rows = self.rows_per_block(width)
         ids, blocks = self._blocks_of(indices, values)
+        bs = blocks.shape[1]
+        rows = bs // width
         call.mark("scan")
         out = []
         idx_dtype = wire.index_dtype(numel)
-        for union_ids, union_vals in self._sync(call, ids, blocks, numel * width, rows * width):
+        for union_ids, union_vals in self._sync(call, ids, blocks, numel * width, bs):
             at, vals = ops.nonzero_rows(union_vals.reshape(-1), width)
             at = at.long()
             out.append(((union_ids[at // rows] * rows + at % rows).to(idx_dtype), vals))
