@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: bench test cuda-check info clean
+.PHONY: bench test results cuda-check info clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,24 @@ bench: $(VENV)/.built
 
 test: $(VENV)/.built
 	$(PY) -m pytest -q tests $(ARGS)
+
+# Every results/ file whose command needs no root, then README's Results blocks from results/ (benchmarks/report.py).
+# The emulated-cluster files (sweep_*, rows_*, train_*) need root: README's Results gives their commands. Each .txt
+# is the command's printed table, moved into results/ only when the command succeeds. It times calls for some
+# minutes: run it on an otherwise idle machine.
+MEMORY_ARGS := --world 4 --sizes 4M --densities 0.001,0.01,0.1
+
+results: $(VENV)/.built
+	mkdir -p results/tmp
+	$(PY) benchmarks/allreduce.py --world 4 --json results/bench_loopback_4.json > results/tmp/bench_loopback_4.txt
+	mv results/tmp/bench_loopback_4.txt results/bench_loopback_4.txt
+	$(PY) benchmarks/sparse_embedding.py --world 2 --json results/sparse_embedding_2.json > results/tmp/sparse_embedding_2.txt
+	mv results/tmp/sparse_embedding_2.txt results/sparse_embedding_2.txt
+	$(PY) benchmarks/sparse_embedding.py --world 4 --json results/sparse_embedding_4.json > results/tmp/sparse_embedding_4.txt
+	mv results/tmp/sparse_embedding_4.txt results/sparse_embedding_4.txt
+	{ echo '$$ python benchmarks/memory.py $(MEMORY_ARGS)'; echo; $(PY) benchmarks/memory.py $(MEMORY_ARGS); } > results/tmp/memory.txt
+	mv results/tmp/memory.txt results/memory.txt
+	$(PY) benchmarks/report.py
 
 cuda-check: $(VENV)/.built
 	PYTHON=$(PY) bash benchmarks/compile_cuda.sh

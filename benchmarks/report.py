@@ -1,0 +1,487 @@
+"""README.md's Results, written from the files in results/.
+
+    python benchmarks/report.py            # rewrite README.md's generated blocks in place
+    python benchmarks/report.py --check    # exit 1 with a diff where README.md differs from what it would write
+
+Every table (and every sentence made only of figures) in README's "## Results" that a results/ file holds sits
+between two markers, ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``; NAME is the results file(s) it is
+written from (without extension; several joined by commas; ``#part`` where one file gives several blocks). The
+lines between the markers are exactly what this script writes from the files: edit the file's command and
+rerun it (``make results`` for those that need no root), never the block. The prose around the blocks is
+written by hand.
+
+Standard library only (it runs in CI before anything is built): JSON where the benchmark writes it, else the
+benchmark's printed table (results/memory.txt). ``--readme`` and ``--results`` point it at other copies.
+"""
+import argparse
+import difflib
+import json
+import os
+import re
+import statistics
+import sys
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import sweep  # noqa: E402  (standard library only: the sweep's own median-of-rounds and tables)
+
+FIXED = sweep.FIXED  # the fixed schemes, dense first
+SCHEMES = FIXED + ("auto",)
+NAMES = {"sparcml": "SparCML", "omnireduce": "OmniReduce", "agsparse": "all-gather"}
+LOCAL_PHASES = ("scan", "partition", "aggregate", "encode", "decode", "merge", "sum", "scatter")  # allreduce.py's
+TARGET_WORLD = 8  # the hosts the issues' targets are stated at
+TARGET_DENSE, TARGET_OMNIREDUCE, TARGET_ROWS = 8.0, 2.0, 1.2  # zen's speedup targets: dense, OmniReduce, rows
+MARKER = re.compile(r"^<!-- (/?)report:([\w.,#+-]+) -->$")
+WIDTH = 110  # README's prose lines
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+
+def para(*sentences, first="", rest=""):
+    """Sentences as README prose: one paragraph (or list item: ``first="- ", rest="  "``) wrapped at WIDTH,
+    never inside a `code span` or between a figure and its unit."""
+    text = " ".join(sentences)
+    text = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
+    text = re.sub(r"(?<=\d) (?=(ms|MB|MiB)\b)", "\0", text)  # a figure and its unit on one line
+    lines = textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                          break_on_hyphens=False)
+    return [line.replace("\0", " ") for line in lines]
+
+
+def and_join(items):
+    """'a', 'a and b', 'a, b and c'."""
+    items = [str(x) for x in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def percent(density):
+    """0.001 -> '0.1%', 0.1 -> '10%'."""
+    return f"{density * 100:.3g}%"
+
+
+def count(numel):
+    """4000000 -> '4M', 13637760 -> '13.6M', 100000 -> '100k'."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if numel >= scale:
+            return f"{numel / scale:.3g}{suffix}"
+    return str(numel)
+
+
+def sci(x):
+    """Two significant digits, exponent without padding: 9.54e-07 -> '9.5e-7', 5.96e-08 -> '6e-8'."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+
+
+def link(bandwidth):
+    """'100mbit' -> '100 Mbit/s', '1gbit' -> '1 Gbit/s'."""
+    m = re.fullmatch(r"([\d.]+)([kmg])bit", bandwidth)
+    return f"{m.group(1)} {m.group(2).upper()}bit/s" if m else bandwidth
+
+
+def rate(bandwidth):
+    m = re.fullmatch(r"([\d.]+)([kmg])bit", bandwidth)
+    return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] if m else float("inf")
+
+
+def ratio_range(values, digits=2):
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+class Results:
+    """The files of one results/ folder, read once each."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self._cache = {}
+
+    def path(self, name):
+        path = os.path.join(self.folder, name)
+        if not os.path.exists(path):
+            raise SystemExit(f"report: {path} is missing (README's Results says which command writes it)")
+        return path
+
+    def json(self, stem):
+        if stem not in self._cache:
+            with open(self.path(stem + ".json")) as f:
+                self._cache[stem] = json.load(f)
+        return self._cache[stem]
+
+    def text(self, name):
+        with open(self.path(name)) as f:
+            return f.read()
+
+    def merged(self, stem):
+        """A sweep's rows, one per (cell, scheme): the medians over its rounds, as sweep.py computes them."""
+        key = stem + "#merged"
+        if key not in self._cache:
+            self._cache[key] = sweep.merge_rounds(self.json(stem))
+        return self._cache[key]
+
+
+def error(row):
+    return (row["time_predicted"] - row["time_median"]) / row["time_median"]
+
+
+def auto_ratios(rows):
+    """Per cell: auto's measured time over the fastest fixed scheme's (as sweep.accuracy_tables counts them)."""
+    cells = {}
+    for r in rows:
+        cells.setdefault(sweep.cell_key(r), {})[r["scheme"]] = r
+    ratios = {}
+    for key, by in sorted(cells.items()):
+        fixed = [by[s]["time_median"] for s in FIXED if s in by]
+        if "auto" in by and fixed:
+            ratios[key] = by["auto"]["time_median"] / min(fixed)
+    return ratios
+
+
+def auto_within(rows):
+    ratios = auto_ratios(rows)
+    return sum(r <= 1.1 for r in ratios.values()), len(ratios)
+
+
+def phase_lines(rows, scheme):
+    """sweep.py's phase table for a scheme, without its title."""
+    return sweep.phase_table(rows, scheme).split("\n")[2:]
+
+
+# ---------------------------------------------------------------------------------------------- blocks
+
+def sweep_accuracy(res):
+    rows = res.merged("sweep_accuracy")
+    bandwidths = sorted({r["bandwidth"] for r in rows}, key=rate)
+    cells = len({sweep.cell_key(r) for r in rows})
+    columns = [("MAPE", 6), ("median APE", 12), ("worst APE", 11), ("bias", 7)]
+    columns += [(f"MAPE {link(b)}", len(f"MAPE {link(b)}") + 3) for b in bandwidths]
+    lines = ["```", f"prediction error per scheme ({cells} cells)",
+             f"{'scheme':>10}" + "".join(f"{title:>{width}}" for title, width in columns)]
+    for scheme in SCHEMES:
+        mine = [r for r in rows if r["scheme"] == scheme]
+        if not mine:
+            continue
+        errors = [error(r) for r in mine]
+        absolute = [abs(e) for e in errors]
+        values = [f"{statistics.mean(absolute):.1%}", f"{statistics.median(absolute):.1%}",
+                  f"{max(absolute):.1%}", f"{statistics.mean(errors):+.1%}"]
+        values += [f"{statistics.mean(abs(error(r)) for r in mine if r['bandwidth'] == b):.1%}" for b in bandwidths]
+        lines.append(f"{scheme:>10}" + "".join(f"{v:>{width}}" for v, (_, width) in zip(values, columns)))
+    within, total = auto_within(rows)
+    lines += ["", f"auto within 10% of the fastest fixed scheme in {within} of {total} cells "
+              "(every cell: results/sweep_accuracy.txt)", "",
+              "sparcml's phases: measured (mean over ranks) / predicted ms, summed over the cells of each world size:"]
+    lines += phase_lines(rows, "sparcml") + ["```"]
+    return lines
+
+
+def sweep_accuracy_runs(res):
+    """Each round's own MAPE per scheme, schemes in the order of their MAPE over the medians (worst first)."""
+    rows = res.json("sweep_accuracy")
+    merged = res.merged("sweep_accuracy")
+    cells = len({sweep.cell_key(r) for r in merged})
+    order = sorted((s for s in SCHEMES if any(r["scheme"] == s for r in merged)),
+                   key=lambda s: -statistics.mean(abs(error(r)) for r in merged if r["scheme"] == s))
+    rounds = sorted({r.get("round", 0) for r in rows})
+    lines = [f"Each run's MAPE over the {cells} cells:"]
+    for i, scheme in enumerate(order):
+        mapes = [statistics.mean(abs(error(r)) for r in rows if r["scheme"] == scheme and r.get("round", 0) == k)
+                 for k in rounds]
+        mapes = [f"{m * 100:.1f}" for m in mapes]
+        lines += para(f"{scheme}: {and_join(mapes)}%" + ("." if i == len(order) - 1 else ";"), first="- ", rest="  ")
+    return lines
+
+
+MEMORY_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)%\s+(\w+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s*$")
+
+
+def memory(res):
+    """From memory.py's printed table: the range of predicted / measured, and every scheme at 1%."""
+    rows = []
+    for line in res.text("memory.txt").splitlines():
+        m = MEMORY_ROW.match(line)
+        if m:
+            rows.append(dict(numel=int(m.group(1)), density=float(m.group(2)) / 100, scheme=m.group(3),
+                             predicted=float(m.group(4)), measured=float(m.group(5)),
+                             ratio=None if m.group(6) == "-" else float(m.group(6))))
+    if not rows:
+        raise SystemExit("report: results/memory.txt holds no table of memory.py's")
+    rated = [r for r in rows if r["ratio"] is not None]
+
+    def where(value):
+        return ", ".join(f"{r['scheme']} at {percent(r['density'])}" for r in rated if r["ratio"] == value)
+
+    lo, hi = min(r["ratio"] for r in rated), max(r["ratio"] for r in rated)
+    densities = sorted({r["density"] for r in rows})
+    shown = 0.01 if 0.01 in densities else densities[len(densities) // 2]
+    at = [r for r in rows if r["density"] == shown]
+    at.sort(key=lambda r: r["predicted"] == r["measured"] == 0)  # the in-place ones last
+    parts = [f"{r['scheme']} 0 (in place)" if r["predicted"] == r["measured"] == 0 else
+             f"{r['scheme']} {r['predicted']:.2f} vs {r['measured']:.2f}" + (" MiB" if i == 0 else "")
+             for i, r in enumerate(at)]
+    return para(f"predicted / measured is between {lo:.2f} ({where(lo)}) and {hi:.2f} ({where(hi)}) over every "
+                f"scheme and density; e.g. at {percent(shown)}: " + ", ".join(parts) + ".")
+
+
+def scaling_rows(res):
+    rows = res.merged("sweep_scaling")
+    return rows, {(r["world"], r["scheme"]): r for r in rows}, sorted({r["world"] for r in rows})
+
+
+def sweep_scaling(res):
+    rows, _, _ = scaling_rows(res)
+    bandwidths = sorted({r["bandwidth"] for r in rows}, key=rate)
+    if len(bandwidths) != 1:
+        raise SystemExit(f"report: results/sweep_scaling.json has {len(bandwidths)} link rates; the README shows one")
+    steal = [r["cpu_steal"] for r in rows]
+    lines = ["```", "time ms (efficiency = the scheme's own cost-model time / measured); "
+             f"CPU steal {min(steal) * 100:.1f}-{max(steal) * 100:.1f}%"]
+    lines += [line for line in sweep.scaling_table(rows).split("\n")[1:] if line]
+    within, total = auto_within(rows)
+    return lines + [f"auto within 10% of the fastest fixed scheme in {within} of {total} cells", "```"]
+
+
+def sweep_scaling_summary(res):
+    rows, by, worlds = scaling_rows(res)
+    fastest = [w for w in worlds
+               if min((s for s in FIXED if (w, s) in by), key=lambda s: by[(w, s)]["time_median"]) == "zen"]
+    zen, dense = by[(TARGET_WORLD, "zen")], by[(TARGET_WORLD, "dense")]
+    within, total = auto_within(rows)
+    first = (f"zen is the fastest fixed scheme at {and_join(fastest)} ranks." if fastest else
+             "zen is the fastest fixed scheme at no world size.")
+    versus = [f"{by[(TARGET_WORLD, s)]['time_median'] / zen['time_median']:.2f}x {NAMES[s]}"
+              for s in ("sparcml", "omnireduce")]
+    contiguous = [by[(w, "zen")]["imbalance_contiguous"] for w in (worlds[0], worlds[-1])]
+    auto = "everywhere." if within == total else f"in {within} of {total} world sizes."
+    return para(first,
+                f"At {TARGET_WORLD} ranks it runs {zen['speedup_vs_dense']:.1f}x dense, {and_join(versus)}, and auto "
+                f"is within 10% of the fastest {auto}",
+                f"zen sends {dense['bytes_sent'] / zen['bytes_sent']:.0f}x fewer bytes than dense at {TARGET_WORLD} "
+                f"ranks ({zen['bytes_sent'] / 1e6:.1f} against {dense['bytes_sent'] / 1e6:.1f} MB per rank).",
+                f"Its hash keeps the partitions within {max(r['imbalance_hash'] for r in rows):.2f} of even, where a "
+                f"contiguous split is {contiguous[0]:.1f}x off at {worlds[0]} ranks and {contiguous[1]:.1f}x off at "
+                f"{worlds[-1]}.")
+
+
+def sweep_scaling_targets(res):
+    _, by, _ = scaling_rows(res)
+    zen = by[(TARGET_WORLD, "zen")]
+    dense = zen["speedup_vs_dense"]
+    omni = by[(TARGET_WORLD, "omnireduce")]["time_median"] / zen["time_median"]
+    return [f"Of the issue's targets at {TARGET_WORLD} hosts:",
+            f"- {TARGET_DENSE:g}x dense {'holds' if dense >= TARGET_DENSE else 'does not'} ({dense:.1f}x).",
+            f"- {TARGET_OMNIREDUCE:g}x OmniReduce {'holds' if omni >= TARGET_OMNIREDUCE else 'does not'} "
+            f"({omni:.2f}x).",
+            f"- zen's efficiency is {zen['time_predicted'] / zen['time_median']:.0%}, against its cost-model time."]
+
+
+def sweep_scaling_errors(res):
+    rows, _, _ = scaling_rows(res)
+    zen = [r for r in rows if r["scheme"] == "zen"]
+    low = sum(error(r) < 0 for r in zen)
+    numel = sorted({r["numel"] for r in rows})
+    return para(f"The prediction errors of this sweep ({statistics.mean(abs(error(r)) for r in zen):.1%} for zen "
+                f"over its {len(zen)} cells, {low} of them low; `results/sweep_scaling.txt`) are for a skewed workload "
+                f"of {' and '.join(count(n) for n in numel)} elements, outside the accuracy sweep's cells.")
+
+
+ROWS = ("rows_text64_8x1gbit", "rows_text128_8x1gbit")
+
+
+def rows_files(res):
+    """Per file: its rows by scheme, the embedding width, and the world and link rate of its name."""
+    out = []
+    for stem in ROWS:
+        rows = {r["scheme"]: r for r in res.json(stem)}
+        world, bandwidth = re.search(r"_(\d+)x(\w+)$", stem).groups()
+        out.append((rows, rows["zen"]["workload"]["row_size"], int(world), bandwidth))
+    return out
+
+
+def rows_table(res):
+    files = rows_files(res)
+    worlds = {(w, b) for _, _, w, b in files}
+    if len(worlds) != 1:
+        raise SystemExit("report: the rows files differ in world size or link rate; the README's table shows one")
+    (world, bandwidth), = worlds
+    dims = [dim for _, dim, _, _ in files]
+    lines = ["```", f"sudo python benchmarks/allreduce.py --world {world} --bandwidth {bandwidth} --workload text "
+             f"--text-dim {'|'.join(str(d) for d in dims)}",
+             f"{'scheme':>10}" + "".join(f"     dim {d} ms  x dense  MB sent" for d in dims)]
+    for scheme in FIXED:  # auto's pick is one of them
+        if not all(scheme in rows for rows, _, _, _ in files):
+            continue
+        cells = [f"{rows[scheme]['time_median'] * 1e3:>{len(f'dim {dim} ms') + 5}.2f} "
+                 f"{rows[scheme]['speedup_vs_dense']:>7.2f}x {rows[scheme]['bytes_sent'] / 1e6:>8.2f}"
+                 for rows, dim, _, _ in files]
+        lines.append(f"{scheme:>10}" + "".join(cells))
+    phases = [p for p in files[0][0]["zen"]["phases_ms"] if p in LOCAL_PHASES]
+    lines += [f"local/copy (zen's {', '.join(phases)} over one copy_): "
+              + and_join(f"{rows['zen']['local_vs_copy']:.2f}" for rows, _, _, _ in files), "```"]
+    return lines
+
+
+def rows_summary(res):
+    files = rows_files(res)
+    dense = [rows["zen"]["speedup_vs_dense"] for rows, _, _, _ in files]
+    versus = {s: [rows[s]["time_median"] / rows["zen"]["time_median"] for rows, _, _, _ in files]
+              for s in ("sparcml", "agsparse")}
+    met = all(min(v) >= TARGET_ROWS for v in versus.values())
+    return para(f"zen is {'over' if min(dense) > TARGET_DENSE else 'not over'} {TARGET_DENSE:g}x dense at "
+                f"{'both widths' if len(files) == 2 else 'every width'}.",
+                "Against the other sparse schemes, all of which now send rows too, it is "
+                f"{ratio_range(versus['sparcml'])} SparCML and {ratio_range(versus['agsparse'])} all-gather at these "
+                f"cells, {'meeting' if met else 'not'} the {TARGET_ROWS:g}x the rows issue asks.")
+
+
+def loopback(res):
+    bench = res.json("bench_loopback_4")
+    zen = sorted((r for r in bench if r["scheme"] == "zen"), key=lambda r: r["density"])
+    speedups = [f"{r['speedup_vs_dense']:.2f}x" + (" dense" if i == 0 else "") + f" at {percent(r['density'])}"
+                for i, r in enumerate(zen)]
+    runs = [res.json(f"sparse_embedding_{w}") for w in (2, 4)]
+    args = runs[0]["args"]
+    steps = [f"{r['zen hook']['median_ms']:.1f} ms with the hook against {r['plain DDP']['median_ms']:.1f} ms for "
+             f"plain DDP at {r['world']} ranks" if i == 0 else
+             f"{r['zen hook']['median_ms']:.1f} against {r['plain DDP']['median_ms']:.1f} at {r['world']}"
+             for i, r in enumerate(runs)]
+    return para(f"On loopback (`make bench`, {zen[0]['world']} ranks, {count(zen[0]['numel'])} uniform elements; "
+                f"`results/bench_loopback_4.txt`) zen runs {and_join(speedups)}; DDP with "
+                f"`nn.Embedding({args['vocab']}, {args['dim']}, sparse=True)` "
+                f"(`python benchmarks/sparse_embedding.py --world {'|'.join(str(r['world']) for r in runs)}`) "
+                f"steps in {', '.join(steps)}.")
+
+
+TRAIN = ("train_lm_4x1gbit", "train_lm_8x1gbit", "train_deepfm_8x1gbit")
+
+
+def model_name(run):
+    info = run["model_info"]
+    if run["model"] == "lm":
+        return f"LSTM LM, {count(info['vocab'])}-word stdlib vocab, sampled softmax"
+    if run["model"] == "deepfm":
+        return f"DeepFM, {info['fields']} Zipf fields x {count(info['field_vocab'])}"
+    return run["model"]
+
+
+def train_table(res):
+    lines = ["| model | hosts | variant | step ms | compute ms | comm ms | samples/s | MB sent/rank | speedup |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    shown = None
+    for stem in TRAIN:
+        run = res.json(stem)
+        for v in run["variants"]:
+            name = model_name(run) if model_name(run) != shown else ""
+            shown = model_name(run)
+            plain = v["variant"] == "plain"
+            cells = [name, run["world"], "plain DDP" if plain else "zen hook", f"{v['step_median_s'] * 1e3:.1f}",
+                     f"{v['compute_median_s'] * 1e3:.1f}", f"{v['comm_exposed_s'] * 1e3:.1f}",
+                     f"{v['samples_per_s']:.0f}", f"{v['bytes_sent_per_rank'] / 1e6:.1f}",
+                     "1.00x" if plain else f"**{run['speedup']:.2f}x**"]
+            lines.append("|" + "|".join(f" {c} " if c != "" else " " for c in cells) + "|")
+    return lines
+
+
+def train_match(res):
+    runs = [res.json(stem) for stem in TRAIN]
+    parts = []
+    for model, label in (("lm", "LM"), ("deepfm", "DeepFM")):
+        mine = [r for r in runs if r["model"] == model]
+        if not mine:
+            continue
+        diffs = [sci(r["loss_max_abs_diff"]) for r in mine]
+        if len(set(diffs)) == 1:
+            text = diffs[0] + (f" at {and_join(r['world'] for r in mine)} hosts" if len(mine) > 1 else "")
+        else:
+            text = ", ".join(f"{d} at {r['world']} hosts" for d, r in zip(diffs, mine))
+        parts.append(f"{label}: " + ("max difference " if not parts else "") + text)
+    match = all(r["loss_match"] for r in runs)
+    params = sci(max(r["param_max_abs_diff"] for r in runs))
+    return para(f"Loss curves {'match' if match else 'do not match'} plain DDP ({'; '.join(parts)}; final "
+                f"parameters within {params}; `results/train_*.png`, `results/train_*.json`).")
+
+
+BLOCKS = {
+    "sweep_accuracy": sweep_accuracy,
+    "sweep_accuracy#runs": sweep_accuracy_runs,
+    "memory": memory,
+    "sweep_scaling": sweep_scaling,
+    "sweep_scaling#summary": sweep_scaling_summary,
+    "sweep_scaling#targets": sweep_scaling_targets,
+    "sweep_scaling#errors": sweep_scaling_errors,
+    ",".join(ROWS): rows_table,
+    ",".join(ROWS) + "#summary": rows_summary,
+    "bench_loopback_4,sparse_embedding_2,sparse_embedding_4": loopback,
+    ",".join(TRAIN): train_table,
+    ",".join(TRAIN) + "#match": train_match,
+}
+
+
+# ---------------------------------------------------------------------------------------------- README
+
+def render(readme, results):
+    """README's text with every block rewritten from ``results`` (a folder)."""
+    res = Results(results)
+    lines = readme.split("\n")
+    out, open_name, seen = [], None, set()
+    for number, line in enumerate(lines, 1):
+        m = MARKER.match(line.strip())
+        if m is None:
+            if open_name is None:
+                out.append(line)
+            continue
+        closing, name = m.group(1) == "/", m.group(2)
+        if not closing:
+            if open_name is not None:
+                raise SystemExit(f"report: line {number}: block {name} opens inside block {open_name}")
+            if name not in BLOCKS:
+                raise SystemExit(f"report: line {number}: no block named {name} (known: {', '.join(BLOCKS)})")
+            if name in seen:
+                raise SystemExit(f"report: line {number}: block {name} appears twice")
+            seen.add(name)
+            open_name = name
+            out.append(line)
+            out += BLOCKS[name](res)
+        else:
+            if name != open_name:
+                raise SystemExit(f"report: line {number}: closes block {name}, but {open_name} is open")
+            open_name = None
+            out.append(line)
+    if open_name is not None:
+        raise SystemExit(f"report: block {open_name} is never closed")
+    missing = [name for name in BLOCKS if name not in seen]
+    if missing:
+        raise SystemExit(f"report: README has no markers for {', '.join(missing)}")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--check", action="store_true", help="write nothing: exit 1 with a diff if README would change")
+    p.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    p.add_argument("--results", default=os.path.join(ROOT, "results"))
+    args = p.parse_args(argv)
+    with open(args.readme) as f:
+        current = f.read()
+    new = render(current, args.results)
+    if new == current:
+        return 0
+    if args.check:
+        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), new.splitlines(True),
+                                                   "README.md", "README.md as report.py writes it"))
+        print(f"\nreport: README.md differs from what results/ gives: run python benchmarks/report.py",
+              file=sys.stderr)
+        return 1
+    with open(args.readme, "w") as f:
+        f.write(new)
+    print(f"report: rewrote {args.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
