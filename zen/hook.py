@@ -10,14 +10,22 @@ row size, rows or elements are chosen alike on every rank (``zen.schemes.call.re
 segments of one block size are reduced together, so a bucket's rounds of collectives grow with its
 number of distinct row sizes, not of parameters. A sparse gradient (``nn.Embedding(sparse=True)``)
 travels as rows of its dense dims.
+
+With ``topk_ratio=r`` (dense models), each bucket is first sparsified to the top r of each large
+parameter, with error feedback (:mod:`zen.topk`); its small parameters are summed dense, all in one
+all-reduce; the sparsified rest goes through the same scheme, which sees its density.
 """
 import logging
 import time
+import warnings
 from typing import List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.utils.weak import WeakIdKeyDictionary
 
+from . import topk
+from .agreement import MismatchError, text_code
 from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
 from .schemes.balanced import check_settings
@@ -47,17 +55,50 @@ class ZenState:
             group's own timeout). A dead or stalled peer makes the hook's future (so DDP's backward) raise
             within it.
         log_every: log :meth:`summary` (logger "zen", level INFO) every that many steps; None: never.
+
+    Top-k sparsification (dense models; :mod:`zen.topk` has the maths):
+        topk_ratio: None (default): send every non-zero. r in (0, 1]: each parameter of at least
+            ``min_numel`` elements sends its top ceil(r numel) entries by magnitude; smaller ones stay dense.
+        warmup_steps: the first steps run without sparsification; an int >= 2, as DDP rebuilds its buckets
+            after the first step and residuals are kept per bucket (torch's PowerSGD hook has the same rule).
+        error_feedback: keep what was not sent and add it to the next step's gradient (default True).
+        momentum: DGC's momentum correction with this factor (then use SGD without momentum); None: off.
+        min_numel: parameters below this many elements stay dense (default 4096).
+        selection: "exact" (top-k), "sampled" (a threshold from a 1% sample, reused for
+            ``reestimate_every`` steps) or "auto" (default: sampled from 2**20 elements).
+        density_ramp: over this many steps after the warm-up, the ratio falls from 1 to topk_ratio
+            exponentially (DGC's warm-up); None: topk_ratio at once.
+        global_topk: after the push, each partition's owner keeps only its top k/n sums (Ok-Topk's
+            global top-k; ``scheme="zen"`` only), so the pull stays O(k); entries that did not survive go back
+            into the sender's residual.
+        value_dtype: torch.float16 or torch.bfloat16: values travel in it, with or without top-k (the zen
+            scheme's owners sum in the gradient's dtype; a dense all-reduce sums in it, as torch's
+            ``fp16_compress_hook``). ``scheme`` "zen" or "dense" only. None (default): the gradient's dtype.
     """
 
     __slots__ = ["process_group", "scheme", "dense_threshold", "num_probes", "table_factor", "serial_factor",
-                 "timeout", "log_every", "_scheme", "_comm", "last_stats", "_totals"]
+                 "timeout", "log_every", "topk_ratio", "warmup_steps", "error_feedback", "momentum", "min_numel",
+                 "selection", "density_ramp", "reestimate_every", "global_topk", "value_dtype", "_scheme", "_comm", "last_stats",
+                 "_totals", "_residuals", "_ordinals", "_layouts", "_selector", "_checked", "_unpickled"]
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, scheme: str = "zen",
                  dense_threshold: Optional[float] = None, num_probes: Optional[int] = None, table_factor: float = 2.0,
-                 serial_factor: float = 0.1, timeout=None, log_every: Optional[int] = None):
+                 serial_factor: float = 0.1, timeout=None, log_every: Optional[int] = None,
+                 topk_ratio: Optional[float] = None, warmup_steps: int = 10, error_feedback: bool = True,
+                 momentum: Optional[float] = None, min_numel: int = 4096, selection: str = "auto",
+                 density_ramp: Optional[int] = None, reestimate_every: int = 16, global_topk: bool = False,
+                 value_dtype: Optional[torch.dtype] = None):
         if scheme not in SCHEMES:
             raise ValueError(f"ZenState: scheme must be one of {', '.join(SCHEMES)}; got {scheme!r}")
         check_settings("ZenState", num_probes, table_factor, serial_factor, dense_threshold)
+        topk.check_topk_settings("ZenState", topk_ratio, warmup_steps, momentum, min_numel, selection,
+                                 density_ramp, reestimate_every)
+        if global_topk and (topk_ratio is None or scheme != "zen"):
+            raise ValueError("ZenState: global_topk needs topk_ratio and scheme='zen' (the partitions' owners "
+                             f"select); got topk_ratio={topk_ratio!r}, scheme={scheme!r}")
+        if value_dtype not in (None, torch.float16, torch.bfloat16) or (value_dtype and scheme not in ("zen", "dense")):
+            raise ValueError("ZenState: value_dtype must be None, torch.float16 or torch.bfloat16, with scheme 'zen' "
+                             f"or 'dense'; got value_dtype={value_dtype!r}, scheme={scheme!r}")
         if timeout is not None and not (timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout) > 0:
             raise ValueError(f"ZenState: timeout must be None, a positive timedelta or seconds; got {timeout!r}")
         if log_every is not None and (not isinstance(log_every, int) or log_every < 1):
@@ -70,10 +111,104 @@ class ZenState:
         self.serial_factor = serial_factor
         self.timeout = timeout
         self.log_every = log_every
+        self.topk_ratio = topk_ratio
+        self.warmup_steps = warmup_steps
+        self.error_feedback = bool(error_feedback)
+        self.momentum = momentum
+        self.min_numel = min_numel
+        self.selection = selection
+        self.density_ramp = density_ramp
+        self.reestimate_every = reestimate_every
+        self.global_topk = bool(global_topk)
+        self.value_dtype = value_dtype
         self._comm = None
         self._scheme = None
         self.last_stats = {}
         self._totals = _no_totals()
+        self._residuals = {}  # parameter ordinal (or bucket place) -> topk.Residual
+        self._ordinals = WeakIdKeyDictionary()  # parameter -> its ordinal: the order first seen in
+        self._layouts = {}  # bucket index -> its segments, where its parameters are not known
+        self._selector = topk.Selector(selection, reestimate_every=reestimate_every)
+        self._checked = False
+        self._unpickled = False
+
+    def topk_settings(self) -> dict:
+        """The settings that decide what a step sends; they must be equal on every rank (checked on the first
+        sparsified step) and in a checkpoint that is loaded."""
+        return dict(scheme=self.scheme, topk_ratio=self.topk_ratio, warmup_steps=self.warmup_steps,
+                    error_feedback=self.error_feedback, momentum=self.momentum, min_numel=self.min_numel,
+                    selection=self.selection, density_ramp=self.density_ramp,
+                    reestimate_every=self.reestimate_every, global_topk=self.global_topk,
+                    value_dtype=str(self.value_dtype))
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to take the same next step: steps taken, residuals and momenta per
+        parameter, the selection thresholds, and the settings they belong to. Works with ``torch.save``.
+
+        Parameters are named by the order the hook first saw them: DDP's first step, whose buckets follow
+        the model's parameters, the same in the run that saved and the one that resumes."""
+        residuals = {key: dict(numel=r.numel, error=r.error, momentum=r.momentum)
+                     for key, r in self._residuals.items()}
+        return dict(settings=self.topk_settings(), totals=self.summary(), residuals=residuals,
+                    selector=self._selector.state_dict())
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`; its settings must equal this state's (ValueError naming those that
+        differ)."""
+        differ = [f"{k} (checkpoint {v!r}, here {self.topk_settings()[k]!r})"
+                  for k, v in state["settings"].items() if self.topk_settings().get(k) != v]
+        if differ:
+            raise ValueError("ZenState.load_state_dict: the checkpoint's settings differ: " + "; ".join(differ))
+        self._totals = dict(state["totals"], schemes=dict(state["totals"]["schemes"]))
+        self._residuals = {key: topk.Residual(**r) for key, r in state["residuals"].items()}
+        self._selector.load_state_dict(state["selector"])
+
+    def _check_same_settings(self, comm) -> None:
+        """On the first step with top-k or value_dtype: every rank's settings, one code each, gathered; every rank
+        raises the same MismatchError naming the settings that differ."""
+        if self._checked:
+            return
+        settings = self.topk_settings()
+        rows = comm.all_gather_rows([text_code(v) for v in settings.values()]).tolist()
+        differ = [name for i, name in enumerate(settings) if len({row[i] for row in rows}) > 1]
+        if differ:
+            ranks = [r for r, row in enumerate(rows) if row != rows[0]]
+            raise MismatchError(f"ZenState: ranks {ranks} differ from rank 0 in " + ", ".join(differ))
+        self._checked = True
+
+    def _ordinal(self, parameter: torch.Tensor) -> int:
+        """The parameter's ordinal: the order in which the hook first saw it."""
+        if parameter not in self._ordinals:
+            self._ordinals[parameter] = len(self._ordinals)
+        return self._ordinals[parameter]
+
+    def _parts(self, bucket, buffer: torch.Tensor, segments, large) -> tuple:
+        """(parts, keys) of the bucket's large segments: each with its residual, kept per parameter (by
+        ordinal), or per place in the bucket where its parameters are unknown (dropped with a warning when
+        that bucket's layout changes). A residual whose size no longer fits is dropped with a warning."""
+        parameters = list(bucket.parameters()) if hasattr(bucket, "parameters") else []
+        known = len(parameters) == len(segments) and all(p.numel() == s[1] for p, s in zip(parameters, segments))
+        ordinals = [self._ordinal(p) for p in parameters] if known else None
+        if not known and self._layouts.setdefault(bucket.index(), segments) != segments:
+            warnings.warn(f"ZenState: bucket {bucket.index()} changed its layout; its residuals are dropped, "
+                          "never applied to other parameters", stacklevel=3)
+            self._residuals = {k: r for k, r in self._residuals.items()
+                               if not (isinstance(k, tuple) and k[1] == bucket.index())}
+            self._layouts[bucket.index()] = segments
+        parts, keys = [], []
+        for i in large:
+            segment = segments[i]
+            key = ordinals[i] if known else ("bucket", bucket.index(), segment[0])
+            kept = self._residuals.get(key)
+            if kept is not None and kept.numel != segment[1]:
+                warnings.warn(f"ZenState: the residual kept for {key} has {kept.numel} elements, its parameter "
+                              f"{segment[1]}: dropped, never applied", stacklevel=3)
+                kept = None
+            if kept is None:
+                kept = self._residuals[key] = topk.Residual(segment[1])
+            parts.append((segment, kept.to(buffer.device)))
+            keys.append(key)
+        return parts, keys
 
     def summary(self) -> dict:
         """This rank's totals since the state was made: ``steps``, ``buckets``, ``bytes_sent``, ``dense_bytes``
@@ -98,6 +233,9 @@ class ZenState:
 
     def comm(self):
         if self._comm is None:
+            if self._unpickled and self.process_group is None:
+                warnings.warn("ZenState was unpickled without its process group: it now uses the default group "
+                              "(set state.process_group before the first step to choose another)", stacklevel=2)
             self._comm = get_comm(self.process_group, self.timeout)
         return self._comm
 
@@ -113,7 +251,7 @@ class ZenState:
 
     def __getstate__(self):
         return {name: getattr(self, name) for name in self.__slots__
-                if name not in ("process_group", "_comm", "_scheme")}
+                if name not in ("process_group", "_comm", "_scheme", "_ordinals")}
 
     def __setstate__(self, state):
         self.process_group = None
@@ -121,8 +259,11 @@ class ZenState:
         self._scheme = None
         self.log_every = None
         self._totals = _no_totals()
+        self._ordinals = WeakIdKeyDictionary()
         for name, value in state.items():
             setattr(self, name, value)
+        self._checked = False
+        self._unpickled = True
 
 
 # A parameter smaller than this stays elements: reducing it in a group of its own would cost a round more
@@ -147,6 +288,37 @@ def bucket_segments(bucket, buffer: torch.Tensor) -> Optional[List[Segment]]:
     return segments if offset == buffer.numel() and segments else None
 
 
+def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor, segments, step: int,
+                     stats: dict) -> None:
+    """One top-k step of a bucket (averaged already): sparsify its large parameters with error feedback, sum
+    its small ones dense in one all-reduce, and the rest with the scheme."""
+    state._check_same_settings(comm)
+    segments = segments or [(0, buffer.numel(), 1)]
+    large, small = topk.split_segments(segments, state.min_numel)
+    parts, keys = state._parts(bucket, buffer, segments, large)
+    small = [segments[i] for i in small]
+    ratio = topk.ramped_ratio(state.topk_ratio, state.warmup_steps, state.density_ramp, step)
+    sent_idx, sent_val = topk.sparsify(buffer, parts, ratio, state._selector, step, keys, state.error_feedback,
+                                       state.momentum)
+    dense = torch.cat([buffer[o:o + n] for o, n, _ in small]) if small else None
+    for o, n, _ in small:
+        buffer[o:o + n].zero_()
+    if large:
+        # Global top-k: the owners keep the k (summed over the parameters, alike on every rank) largest sums.
+        keep = sum(topk.keep_count(ratio, s[1]) for s, _ in parts) if state.global_topk else None
+        run_call(comm, buffer, scheme, state.scheme, stats, block_size=1, keep=keep, value_dtype=state.value_dtype)
+        reached = stats.pop("kept", None)
+        if reached is not None and state.error_feedback:
+            stats["returned"] = topk.return_unsent(parts, sent_idx, sent_val, reached, buffer.numel())
+    if dense is not None:
+        comm.all_reduce(dense, state.value_dtype)
+        for (o, n, _), part in zip(small, dense.split([n for _, n, _ in small])):
+            buffer[o:o + n].copy_(part)
+        stats["bytes_sent"] = stats.get("bytes_sent", 0) + dense_bytes(
+            dense.numel(), comm.world, (state.value_dtype or dense.dtype).itemsize)
+    stats.update(topk_ratio=ratio, sent=int(sent_idx.numel()))
+
+
 def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket`` over the group with zen; returns a pending future of the bucket's buffer."""
     buffer = bucket.buffer()
@@ -154,12 +326,24 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     scheme = state.scheme_instance()
     segments = bucket_segments(bucket, buffer)
     last = bucket.is_last() if hasattr(bucket, "is_last") else False
+    # Read here, not on the lane: DDP waits for every bucket of a step before the next step's hooks run.
+    step = state._totals["steps"]
+    if state.topk_ratio is not None and hasattr(bucket, "parameters"):
+        for parameter in bucket.parameters():  # ordinals from the first step's layout, DDP's initial one
+            state._ordinal(parameter)
+    # A sparse (COO) bucket is sparse already: it is sent as it is.
+    sparsify = state.topk_ratio is not None and step >= state.warmup_steps and buffer.layout == torch.strided
 
     def job():
         start = time.perf_counter()
         stats = {}
         buffer.div_(comm.world)  # divide before summing: no fp16 overflow, same as DDP's own allreduce
-        run_call(comm, buffer, scheme, state.scheme, stats, segments=segments)
+        if sparsify:
+            _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
+        else:
+            if state.value_dtype is not None:
+                state._check_same_settings(comm)
+            run_call(comm, buffer, scheme, state.scheme, stats, segments=segments, value_dtype=state.value_dtype)
         state.last_stats = stats
         state._record(buffer, stats, time.perf_counter() - start, last)
         return buffer

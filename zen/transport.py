@@ -248,10 +248,14 @@ class Comm:
                 _all_gather_single(rows, mine, group=self.group)
             return rows.view(self.world, -1).cpu()
 
-    def all_reduce(self, tensor: torch.Tensor) -> None:
-        """``dist.all_reduce`` (sum) of ``tensor`` over the group, in place."""
+    def all_reduce(self, tensor: torch.Tensor, value_dtype: Optional[torch.dtype] = None) -> None:
+        """``dist.all_reduce`` (sum) of ``tensor`` over the group, in place; with ``value_dtype``, of a copy
+        in that dtype (sent and summed in it, as torch's ``fp16_compress_hook`` does)."""
+        low = tensor if value_dtype in (None, tensor.dtype) else tensor.to(value_dtype)
         with self.waiting_on("an all-reduce", self.others()):
-            dist.all_reduce(tensor, group=self.group)
+            dist.all_reduce(low, group=self.group)
+        if low is not tensor:
+            tensor.copy_(low)
 
     # --- transport ----------------------------------------------------------------------------------
     def _direction_group(self, src: int, dst: int) -> dist.ProcessGroup:

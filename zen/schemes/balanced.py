@@ -13,6 +13,7 @@ With n ranks, M elements, density d, union growth gamma = |U| / (M d) and partit
 each rank sends (n-1)/n * lambda * M d (s_i + s_v) bytes in the push and
 (n-1)/n * lambda * min(gamma M d (s_i + s_v), gamma M d s_v + M / 8) in the pull.
 """
+import math
 from typing import Dict, Optional
 
 import torch
@@ -58,8 +59,14 @@ class BalancedParallelism(Scheme):
         self.gamma = {}  # (entries, row width) -> union growth observed in the last call, for the dense switch
 
     def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
-        call.dense_fallback = lambda: call.comm.all_reduce(flat)
-        super().reduce_extracted(call, flat, indices, values)
+        call.dense_fallback = lambda: call.comm.all_reduce(flat, call.value_dtype)
+        if call.keep is None:
+            return super().reduce_extracted(call, flat, indices, values)
+        pieces = self.reduce_coo(call, indices, values, flat.numel() // call.block_size)
+        if pieces:  # the owners may have dropped some of this rank's entries: they are not in the sum
+            ops.scatter_(flat, indices, torch.zeros_like(values))
+            ops.scatter_pieces_(flat, pieces)
+        call.mark("scatter")
 
     def reduce_coo(self, call, indices, values, numel):
         return self._sync(call, indices, values, numel)
@@ -79,6 +86,9 @@ class BalancedParallelism(Scheme):
         comm = call.comm
         n, me, seed = comm.world, comm.rank, comm.seed
         idx_dtype, val_dtype, width = wire.index_dtype(numel), values.dtype, wire.row_width(values)
+        # Values travel in call.value_dtype where given; the owners sum them in the tensor's own dtype.
+        on_wire = call.value_dtype or val_dtype
+        values = values.to(on_wire)
         si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
         indices = indices.to(idx_dtype)
 
@@ -111,14 +121,16 @@ class BalancedParallelism(Scheme):
         call.mark("push")
 
         # 4. aggregate my partition.
-        pieces = [wire.unpack_coo(buf, c, idx_dtype, val_dtype, width)
+        pieces = [wire.unpack_coo(buf, c, idx_dtype, on_wire, width)
                   for buf, c in zip(wire.split(recv, recv_splits), recv_counts)]
-        union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
-                                             numel, n, seed, me)
+        union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]),
+                                             torch.cat([p[1] for p in pieces]).to(val_dtype), numel, n, seed, me)
+        if call.keep is not None:
+            union_idx, union_val = self._keep_largest(union_idx, union_val, math.ceil(call.keep / n))
         call.mark("aggregate")
 
         # 5. pull, in the smaller format.
-        payload, fmt = self._encode_pull(comm, union_idx, union_val, numel, si, sv)
+        payload, fmt = self._encode_pull(comm, union_idx, union_val.to(on_wire), numel, si, sv)
         call.mark("encode")
         sizes = self._exchange_pull_sizes(comm, union_idx.numel(), fmt, payload.numel())
         pull_splits = [s[2] for s in sizes]
@@ -134,9 +146,23 @@ class BalancedParallelism(Scheme):
                           bytes_sent=send.numel() - send_splits[me] + (n - 1) * payload.numel())
         out = []
         for j, (buf, (count, fmt_j, _)) in enumerate(zip(wire.split(pulled, pull_splits), sizes)):
-            out.append(self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, val_dtype, width))
+            idx, val = self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, on_wire, width)
+            out.append((idx, val.to(val_dtype)))
+        if call.keep is not None:
+            call.stats["kept"] = torch.cat([piece[0] for piece in out])
         call.mark("decode")
         return out
+
+    @staticmethod
+    def _keep_largest(union_idx, union_val, m: int):
+        """Global top-k on this owner's partition: its m sums of largest magnitude (rows: by their L1 norm).
+        The hash spreads indices evenly over the partitions, so the owners' top k/n are the top k of the whole
+        sum up to sampling noise, and no round is spent on a global threshold."""
+        if union_idx.numel() <= m:
+            return union_idx, union_val
+        score = union_val if union_val.dim() == 1 else union_val.abs().sum(1)
+        at = ops.topk_select(score.contiguous(), m)[0].long()
+        return union_idx[at], union_val[at]
 
     @staticmethod
     def _encode_pull(comm, union_idx, union_val, numel, si, sv):

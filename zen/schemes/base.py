@@ -27,7 +27,12 @@ class Call:
     shape, the scheme's name), the block size b of its entries, and the statistics the scheme records.
 
     ``dense_fallback``, where the caller gives one, all-reduces the data in place with the backend's dense
-    all-reduce: a scheme with a dense switch may call it instead of its protocol (then returns no pieces)."""
+    all-reduce: a scheme with a dense switch may call it instead of its protocol (then returns no pieces).
+
+    ``keep``, where the caller gives it (global top-k), asks a scheme that supports it to keep only about
+    that many of the largest sums; the scheme then records the indices kept in ``stats["kept"]``.
+    ``value_dtype``, where given, is the dtype values travel in, for the schemes that support it (sums are
+    kept in the tensor's dtype where the scheme sums; the dense all-reduce sums in it)."""
 
     comm: Comm
     header: List[int]
@@ -39,6 +44,8 @@ class Call:
     agreed: bool = False
     choice_counts: Optional[List[int]] = None
     on_choice: Optional[Callable[[List[int]], None]] = None
+    keep: Optional[int] = None
+    value_dtype: Optional[torch.dtype] = None
     _last_mark: float = field(default_factory=time.perf_counter)
 
     def agree(self, extra: List[int]) -> Tensor:

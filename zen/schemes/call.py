@@ -22,7 +22,8 @@ Segment = Tuple[int, int, int]  # (offset, numel, row size) of a part of a flat 
 
 def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str] = None,
              stats: Optional[dict] = None, allowed: Sequence[str] = (), block_size: Optional[int] = None,
-             segments: Optional[Sequence[Segment]] = None):
+             segments: Optional[Sequence[Segment]] = None, keep: Optional[int] = None,
+             value_dtype: Optional[torch.dtype] = None):
     """Run one all-reduce on the calling thread (which must be the group's lane). In place; returns tensor.
 
     ``scheme``: a scheme instance, or None when ``scheme_name`` named no scheme (``allowed``: the names that
@@ -30,6 +31,9 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     None chooses per call between elements and rows of the last dimension (:func:`choose_rows`).
     ``segments``: the parts of a flat tensor (e.g. a DDP bucket's parameters) as (offset, numel, row size),
     each reduced as elements or as rows of its row size, chosen per call; they replace ``block_size``.
+    ``keep``: global top-k, where the scheme supports it (:attr:`Call.keep`); the indices that reached the
+    sum are then in ``stats["kept"]`` (absent where every entry did). ``value_dtype``: the dtype values
+    travel in (:attr:`Call.value_dtype`; the caller checks that the scheme supports it).
     A sparse COO tensor travels as rows of its dense dims. Errors: bad input -> :class:`MismatchError` on
     every rank; a failure part-way -> the error here, and :class:`zen.BrokenGroupError` for every later
     call on the group."""
@@ -45,7 +49,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
         agreement.report(comm, header, detail, shape=shape, scheme_name=scheme_name)
     if comm.world == 1:
         return tensor
-    call = Call(comm, header, shape, scheme_name)
+    call = Call(comm, header, shape, scheme_name, keep=keep, value_dtype=value_dtype)
     agreements = comm.agreements
     try:
         with torch.no_grad():
@@ -212,7 +216,7 @@ def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None
     def dense_fallback():
         went_dense.append(True)
         joined = torch.cat(views)
-        call.comm.all_reduce(joined)
+        call.comm.all_reduce(joined, call.value_dtype)
         for view, part in zip(views, joined.split([v.numel() for v in views])):
             view.copy_(part)
 

@@ -11,9 +11,9 @@ class Dense(Scheme):
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
         call.agree([])
-        call.comm.all_reduce(flat)
+        call.comm.all_reduce(flat, call.value_dtype)
         n = call.comm.world
-        call.stats["bytes_sent"] = 2 * (n - 1) * flat.numel() * flat.element_size() // n
+        call.stats["bytes_sent"] = 2 * (n - 1) * flat.numel() * (call.value_dtype or flat.dtype).itemsize // n
 
     def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
         self.reduce_dense(call, flat)  # the non-zeros are not needed: the tensor itself is sent

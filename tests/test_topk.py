@@ -1,0 +1,417 @@
+"""Top-k sparsification with error feedback (zen.topk, ZenState(topk_ratio=...)): mass conservation, selection,
+the hook's sums against dist.all_reduce of what a plain-torch reference sends, global top-k, checkpoints,
+bucket rebuilds, bad settings."""
+import io
+import pickle
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from distributed import LocalBucket, run_ranks
+from zen import topk
+
+
+def _gradient(numel, seed, zeros=0.0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=g) * scale
+    if zeros:
+        x[torch.rand(numel, generator=g) < zeros] = 0.0
+    return x
+
+
+# --- one rank: the maths ------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(numel=st.integers(1, 3000), ratio=st.floats(0.001, 1.0), seed=st.integers(0, 10_000),
+       zeros=st.sampled_from([0.0, 0.5, 0.99]), steps=st.integers(1, 4), selection=st.sampled_from(topk.SELECTIONS))
+def test_error_feedback_conserves_mass_bit_exactly(numel, ratio, seed, zeros, steps, selection):
+    """sent + e' == g + e, bit for bit in float32, step after step; and sent holds at most ~k entries."""
+    kept = topk.Residual(numel)
+    selector = topk.Selector(selection, sampled_from=1)
+    for step in range(steps):
+        grad = _gradient(numel, seed + step, zeros)
+        old = kept.error.clone() if kept.error is not None else torch.zeros(numel)
+        expected = grad + old
+        buffer = grad.clone()
+        idx, val = topk.sparsify(buffer, [((0, numel, 1), kept)], ratio, selector, step, ["p"], True, None)
+        assert torch.equal(buffer + kept.error, expected)
+        assert torch.equal(buffer[idx], val) and int((buffer != 0).sum()) == int((val != 0).sum())
+        assert bool((kept.error[idx] == 0).all())
+        assert idx.numel() <= max(topk.BAND[1] * topk.keep_count(ratio, numel), 1) + 1e-9
+
+
+def test_momentum_correction_conserves_mass_and_masks_momentum():
+    numel, m = 5000, 0.9
+    kept = topk.Residual(numel)
+    selector = topk.Selector("exact")
+    u, v = torch.zeros(numel), torch.zeros(numel)
+    for step in range(3):
+        grad = _gradient(numel, step)
+        u = u * m + grad
+        v = v + u
+        buffer = grad.clone()
+        idx, _ = topk.sparsify(buffer, [((0, numel, 1), kept)], 0.01, selector, step, ["p"], True, m)
+        assert torch.equal(buffer + kept.error, v)
+        u[idx] = 0
+        v = kept.error.clone()
+        assert torch.equal(kept.momentum, u)
+
+
+def test_exact_selection_equals_torch_topk():
+    for numel, ratio in [(1000, 0.01), (4096, 0.1), (70_000, 0.003)]:
+        acc = _gradient(numel, numel)
+        k = topk.keep_count(ratio, numel)
+        idx, val = topk.Selector("exact").select(acc, k, ("p",), 0)
+        ref = torch.topk(acc.abs(), k).indices.sort().values
+        assert torch.equal(idx.long(), ref) and torch.equal(val, acc[ref])
+
+
+@pytest.mark.parametrize("law", ["normal", "heavy", "sparse", "drifting"])
+def test_sampled_selection_stays_in_band(law):
+    """Sampled counts are within [0.8 k, 1.3 k] on every step, the threshold reused between estimates; the
+    entries taken are the largest ones (every entry left out is smaller than every entry taken)."""
+    numel, ratio = 400_000, 0.01
+    k = topk.keep_count(ratio, numel)
+    selector = topk.Selector("sampled", reestimate_every=4)
+    for step in range(12):
+        g = torch.Generator().manual_seed(step)
+        if law == "heavy":
+            acc = torch.randn(numel, generator=g) ** 3
+        elif law == "sparse":
+            acc = torch.randn(numel, generator=g) * (torch.rand(numel, generator=g) < 0.05)
+        elif law == "drifting":
+            acc = torch.randn(numel, generator=g) * (1.0 + step)
+        else:
+            acc = torch.randn(numel, generator=g)
+        idx, val = selector.select(acc, k, ("p",), step)
+        assert topk.BAND[0] * k <= idx.numel() <= topk.BAND[1] * k, (step, idx.numel(), k)
+        left = torch.ones(numel, dtype=torch.bool)
+        left[idx.long()] = False
+        assert float(acc[left].abs().max()) <= float(val.abs().min())
+    assert "reused" in selector.last.values() or law == "drifting"
+
+
+def test_ramp_and_keep_count():
+    assert topk.keep_count(0.01, 1) == 1 and topk.keep_count(0.01, 1000) == 10 and topk.keep_count(1.0, 7) == 7
+    assert topk.ramped_ratio(0.01, 5, None, 5) == 0.01
+    path = [topk.ramped_ratio(0.01, 5, 4, s) for s in range(5, 12)]
+    assert path[0] == pytest.approx(0.01 ** 0.25) and path[3:] == [0.01] * 4
+    assert all(a > b for a, b in zip(path[:4], path[1:4]))
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(topk_ratio=0.0), "topk_ratio"), (dict(topk_ratio=1.5), "topk_ratio"), (dict(topk_ratio=True), "topk_ratio"),
+    (dict(topk_ratio=0.1, warmup_steps=1), "warmup_steps"), (dict(topk_ratio=0.1, warmup_steps=2.5), "warmup_steps"),
+    (dict(topk_ratio=0.1, momentum=1.0), "momentum"), (dict(topk_ratio=0.1, selection="fast"), "selection"),
+    (dict(topk_ratio=0.1, min_numel=0), "min_numel"), (dict(topk_ratio=0.1, density_ramp=0), "density_ramp"),
+    (dict(global_topk=True), "global_topk"), (dict(topk_ratio=0.1, global_topk=True, scheme="sparcml"), "global_topk"),
+])
+def test_bad_settings_raise_naming_the_setting(kwargs, name):
+    import zen
+
+    with pytest.raises(ValueError, match=name):
+        zen.ZenState(**kwargs)
+
+
+# --- several ranks: the hook against a plain-torch reference and dist.all_reduce --------------------------
+
+
+def _reference_step(grad, residual, ratio, world):
+    """What one rank sends at a top-k step, in plain torch: acc = g / n + e, its top-k by magnitude (ties
+    toward the lower index, as zen's kernels break them)."""
+    acc = grad / world + residual
+    k = topk.keep_count(ratio, acc.numel())
+    sent = torch.zeros_like(acc)
+    top = torch.sort(acc.abs(), descending=True, stable=True).indices[:k]
+    sent[top] = acc[top]
+    return sent, acc - sent
+
+
+def _hook_matches_reference(rank, world, scheme):
+    import zen
+
+    torch.manual_seed(0)
+    # A large matrix (sparsified), a bias (dense), as DDP's bucket lays them out.
+    params = [torch.empty(64, 100), torch.empty(10)]
+    numel = sum(p.numel() for p in params)
+    state = zen.ZenState(scheme=scheme, topk_ratio=0.05, warmup_steps=2, selection="exact")
+    residual = torch.zeros(6400)
+    for step in range(5):
+        # Half-integers with distinct magnitudes: every sum is exact, the top-k is unique.
+        grad = (torch.randperm(numel, generator=torch.Generator().manual_seed(10 * step + rank)).float() + 1) / 2
+        grad *= torch.where(torch.rand(numel, generator=torch.Generator().manual_seed(step)) < 0.5, -1.0, 1.0)
+        bucket = LocalBucket(grad.clone(), index=0, parameters=params, is_last=True)
+        out = zen.zen_hook(state, bucket).wait()
+        if step < 2:
+            ref = grad / world
+            dist.all_reduce(ref)
+        else:
+            sent, residual = _reference_step(grad[:6400], residual, 0.05, world)
+            ref = torch.cat([sent, grad[6400:] / world])
+            dist.all_reduce(ref)
+            assert torch.equal(state._residuals[0].error, residual)
+            assert state.last_stats["sent"] == 320
+        assert torch.equal(out, ref), (rank, step)
+    assert state.summary()["steps"] == 5
+    return state.summary()["bytes_sent"], state.summary()["dense_bytes"]
+
+
+@pytest.mark.parametrize("scheme", ["zen", "agsparse", "auto"])
+def test_hook_topk_equals_allreduce_of_the_reference_selection(scheme):
+    for sent, dense in run_ranks(2, _hook_matches_reference, scheme):
+        assert 0 < sent < dense
+
+
+def _global_topk(rank, world):
+    import zen
+    from zen import ops
+    numel, ratio = 20_000, 0.01
+    state = zen.ZenState(topk_ratio=ratio, warmup_steps=2, global_topk=True, selection="exact", min_numel=1)
+    params = [torch.empty(numel)]
+    for step in range(2):  # warm-up
+        zen.zen_hook(state, LocalBucket(torch.zeros(numel), parameters=params, is_last=True)).wait()
+    grad = _gradient(numel, 100 + rank)
+    buffer = grad.clone()
+    out = zen.zen_hook(state, LocalBucket(buffer, parameters=params, is_last=True)).wait()
+    residual = state._residuals[0].error
+    # What each rank sent (its top-k of g / n), summed by dist.all_reduce.
+    sent = torch.zeros(numel)
+    acc = grad / world
+    top = torch.topk(acc.abs(), topk.keep_count(ratio, numel)).indices
+    sent[top] = acc[top]
+    total = sent.clone()
+    dist.all_reduce(total)
+    kept = out != 0
+    # The output is the full sum on the kept entries, nothing elsewhere; at most k per owner.
+    assert torch.equal(out[kept], total[kept])
+    assert int(kept.sum()) <= world * -(-topk.keep_count(ratio, numel) // world)
+    # Each owner kept its largest sums.
+    owner = ops.hash_partition(torch.arange(numel, dtype=torch.int32), world, state.comm().seed).long()
+    for j in range(world):
+        mine = (owner == j) & (total != 0)
+        if bool((mine & ~kept).any()):
+            assert float(total[mine & kept].abs().min()) >= float(total[mine & ~kept].abs().max())
+    # Nothing lost: what reached the sum plus the residual is what this rank had.
+    reached = torch.where(kept, sent, torch.zeros(numel))
+    assert torch.equal(reached + residual, acc)
+    assert state.last_stats["returned"] == int((sent != 0).sum() - (reached != 0).sum())
+    return int(kept.sum()), state.last_stats["returned"]
+
+
+def test_global_topk_keeps_the_largest_sums_and_returns_the_rest():
+    results = run_ranks(3, _global_topk)
+    assert results[0][0] > 0 and sum(r[1] for r in results) > 0
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 128)
+        self.b = nn.Linear(128, 64)
+        self.c = nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def _train(ddp, opt, rank, steps):
+    for step in steps:
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 64, generator=g), torch.randn(16, 4, generator=g)
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+
+
+def _resume(rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zen
+
+    def make(checkpoint=None):
+        torch.manual_seed(0)
+        model = _Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        state = zen.ZenState(topk_ratio=0.02, warmup_steps=2, selection="sampled", reestimate_every=3)
+        if checkpoint is not None:
+            saved = torch.load(io.BytesIO(checkpoint), weights_only=False)
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["opt"])
+            state.load_state_dict(saved["zen"])
+        ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets
+        ddp.register_comm_hook(state, zen.zen_hook)
+        return ddp, opt, state
+
+    ddp, opt, state = make()
+    _train(ddp, opt, rank, range(5))
+    buf = io.BytesIO()
+    torch.save(dict(model=ddp.module.state_dict(), opt=opt.state_dict(), zen=state.state_dict()), buf)
+    _train(ddp, opt, rank, range(5, 9))
+    uninterrupted = [p.detach().clone() for p in ddp.module.parameters()]
+
+    ddp2, opt2, state2 = make(buf.getvalue())
+    _train(ddp2, opt2, rank, range(5, 9))
+    resumed = [p.detach().clone() for p in ddp2.module.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted, resumed))
+    assert state2.summary()["steps"] == state.summary()["steps"] == 9
+    assert len(state._residuals) >= 2 and all(bool(r.error.any()) for r in state._residuals.values())
+    return True
+
+
+def test_checkpoint_resume_takes_the_same_steps():
+    assert all(run_ranks(2, _resume))
+
+
+def test_load_state_dict_rejects_other_settings():
+    import zen
+
+    saved = zen.ZenState(topk_ratio=0.01, warmup_steps=3).state_dict()
+    with pytest.raises(ValueError, match="topk_ratio"):
+        zen.ZenState(topk_ratio=0.02, warmup_steps=3).load_state_dict(saved)
+
+
+def test_pickling_leaves_out_the_group_and_warns_on_reattach():
+    import zen
+
+    state = zen.ZenState(topk_ratio=0.01, warmup_steps=3)
+    state.process_group = object()
+    copy = pickle.loads(pickle.dumps(state))
+    assert copy.process_group is None and copy.topk_ratio == 0.01
+    with pytest.warns(UserWarning, match="process group"):
+        try:
+            copy.comm()
+        except Exception:
+            pass  # no default group here: the warning is what is checked
+
+
+class _Bare:
+    """A bucket that tells nothing of its parameters."""
+
+    def __init__(self, buffer):
+        self._buffer = buffer
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self):
+        return 0
+
+    def is_last(self):
+        return True
+
+
+def _rebuild(rank, world):
+    """Residuals follow their parameters through a new bucket layout; where the parameters are unknown, a
+    new layout drops them with a warning."""
+    import zen
+
+    state = zen.ZenState(topk_ratio=0.1, warmup_steps=2, min_numel=1, selection="exact")
+    a, b = torch.empty(3000), torch.empty(2000)
+    residual = torch.zeros(5000)
+    for step in range(5):
+        grad = _gradient(5000, step + 10 * rank)
+        if step < 3:  # one bucket [a, b]
+            out = zen.zen_hook(state, LocalBucket(grad.clone(), parameters=[a, b], is_last=True)).wait()
+        else:  # rebuilt: [b], then [a]
+            out_b = zen.zen_hook(state, LocalBucket(grad[3000:].clone(), index=0, parameters=[b])).wait()
+            out_a = zen.zen_hook(state, LocalBucket(grad[:3000].clone(), index=1, parameters=[a],
+                                                    is_last=True)).wait()
+            out = torch.cat([out_a, out_b])
+        if step >= 2:
+            sent_a, residual_a = _reference_step(grad[:3000], residual[:3000], 0.1, world)
+            sent_b, residual_b = _reference_step(grad[3000:], residual[3000:], 0.1, world)
+            residual = torch.cat([residual_a, residual_b])
+            ref = torch.cat([sent_a, sent_b])
+            dist.all_reduce(ref)
+            assert torch.equal(out, ref), step
+    assert torch.equal(torch.cat([state._residuals[0].error, state._residuals[1].error]), residual)
+
+    unknown = zen.ZenState(topk_ratio=0.1, warmup_steps=2, min_numel=1)
+    for step in range(3):
+        zen.zen_hook(unknown, _Bare(_gradient(5000, step + rank))).wait()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = zen.zen_hook(unknown, _Bare(_gradient(3000, rank))).wait()
+    assert any("layout" in str(w.message) for w in caught)
+    sent, _ = _reference_step(_gradient(3000, rank), torch.zeros(3000), 0.1, world)
+    dist.all_reduce(sent)
+    assert torch.equal(out, sent)
+    return True
+
+
+def test_residuals_follow_parameters_through_a_rebuild():
+    assert all(run_ranks(2, _rebuild))
+
+
+def _different_settings(rank, world):
+    import zen
+
+    state = zen.ZenState(topk_ratio=0.01 if rank == 0 else 0.02, warmup_steps=2)
+    for step in range(2):
+        zen.zen_hook(state, LocalBucket(torch.ones(5000), is_last=True)).wait()
+    with pytest.raises(zen.MismatchError, match="topk_ratio"):
+        zen.zen_hook(state, LocalBucket(torch.ones(5000), is_last=True)).wait()
+    return True
+
+
+def test_ranks_with_different_settings_all_raise():
+    assert all(run_ranks(2, _different_settings))
+
+
+def _nan(rank, world):
+    import zen
+
+    state = zen.ZenState(topk_ratio=0.001, warmup_steps=2, min_numel=1)
+    for step in range(3):
+        grad = _gradient(10_000, rank + step)
+        if step == 2 and rank == 1:
+            grad[1234] = float("nan")
+            grad[77] = float("inf")
+        out = zen.zen_hook(state, LocalBucket(grad, is_last=True)).wait()
+    assert torch.isnan(out[1234]) and (torch.isinf(out[77]) or torch.isnan(out[77]))
+    return True
+
+
+def test_nan_and_inf_propagate_as_in_plain_ddp():
+    assert all(run_ranks(2, _nan))
+
+
+def _value_dtype(rank, world, dtype, ratio):
+    import zen
+
+    state = zen.ZenState(value_dtype=dtype, topk_ratio=ratio, warmup_steps=2, min_numel=1, selection="exact")
+    plain = zen.ZenState(topk_ratio=ratio, warmup_steps=2, min_numel=1, selection="exact")
+    params = [torch.empty(20_000)]
+    for step in range(3):
+        # A third is not a float16 or bfloat16 number: the rounding on the wire shows.
+        grad = _gradient(20_000, 10 * step + rank, zeros=0.99) / 3
+        out = zen.zen_hook(state, LocalBucket(grad.clone(), parameters=params, is_last=True)).wait()
+        full = zen.zen_hook(plain, LocalBucket(grad.clone(), parameters=params, is_last=True)).wait()
+        if ratio is None or step < 2:
+            # Each rank's values rounded to the wire dtype, summed in float32 by the owner, rounded again.
+            ref = (grad / world).to(dtype).float()
+            dist.all_reduce(ref)
+            assert torch.equal(out, ref.to(dtype).float()), step
+        assert not torch.equal(out, full) and torch.allclose(out, full, rtol=1e-2, atol=1e-6)
+    assert state.summary()["bytes_sent"] < 0.8 * plain.summary()["bytes_sent"]
+    return True
+
+
+@pytest.mark.parametrize("dtype, ratio", [(torch.bfloat16, None), (torch.float16, None), (torch.bfloat16, 0.01)])
+def test_value_dtype_sends_half_and_sums_in_float32(dtype, ratio):
+    assert all(run_ranks(2, _value_dtype, dtype, ratio))
+
+
+def test_value_dtype_needs_a_scheme_that_sums_it():
+    import zen
+
+    with pytest.raises(ValueError, match="value_dtype"):
+        zen.ZenState(value_dtype=torch.bfloat16, scheme="sparcml")
+    with pytest.raises(ValueError, match="value_dtype"):
+        zen.ZenState(value_dtype=torch.int8)
