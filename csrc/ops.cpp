@@ -12,6 +12,13 @@ TORCH_LIBRARY(zen, m) {
   m.def("nonzero_blocks(Tensor dense, int block_size) -> (Tensor ids, Tensor blocks)");
   // [non-zero elements, blocks of block_size holding a non-zero] (int64), in one pass.
   m.def("count_nonzero(Tensor dense, int block_size) -> Tensor");
+  // Top-k by magnitude of a dense 1-D float tensor: (indices ascending, values) of its min(k, non-zeros)
+  // entries of largest |x|. NaN ranks first, then +-Inf, then |x|; a zero is never chosen; ties at the k-th
+  // magnitude go to the lower index, so the result is the same on every device. Index dtype as nonzero's.
+  m.def("topk_select(Tensor dense, int k) -> (Tensor indices, Tensor values)");
+  // Every non-zero of a dense 1-D float tensor with |x| >= threshold (>= 0, converted to the tensor's dtype
+  // as torch converts a scalar it compares with), and every NaN: (indices ascending, values).
+  m.def("threshold_select(Tensor dense, float threshold) -> (Tensor indices, Tensor values)");
   // Level-1 hash h0: the partition (int32, in [0, n)) of every index.
   m.def("hash_partition(Tensor indices, int num_partitions, int seed) -> Tensor");
   // Every op below that takes (indices, values) also takes values as rows [k, b]: one block of b values per

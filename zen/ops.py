@@ -60,6 +60,32 @@ def count_nonzero(dense: Tensor, block_size: int) -> Tuple[int, int]:
     return elements, blocks
 
 
+def topk_select(dense: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    """(indices, values) of the ``min(k, non-zeros)`` entries of largest magnitude of a contiguous 1-D float
+    tensor (float16, bfloat16, float32, float64), indices ascending: top-k gradient sparsification.
+
+    A NaN ranks above everything (so it is always sent), then +-Inf, then |x|; a zero (0.0 or -0.0) is never
+    chosen. Of the entries tied at the k-th magnitude the lower indices are taken, so the result is the same
+    on every device and every run. ``k`` must be >= 0; ``k`` past the non-zeros gives them all. Indices are
+    int32 below 2**31 elements, int64 above; values are ``dense[indices]``. O(numel), no sort.
+
+    >>> topk_select(torch.tensor([0.5, -3., 0., 2., -2.]), 2)
+    (tensor([1, 3], dtype=torch.int32), tensor([-3.,  2.]))
+    """
+    return torch.ops.zen.topk_select(dense, k)
+
+
+def threshold_select(dense: Tensor, threshold: float) -> Tuple[Tensor, Tensor]:
+    """(indices, values) of every non-zero entry with ``|x| >= threshold`` of a contiguous 1-D float tensor,
+    and of every NaN, indices ascending (dtype as :func:`topk_select`'s). ``threshold`` must be >= 0; it is
+    converted to the tensor's dtype first, as torch does in ``x.abs() >= threshold``.
+
+    >>> threshold_select(torch.tensor([0.5, -3., 0., 2., float("nan")]), 2.0)
+    (tensor([1, 3, 4], dtype=torch.int32), tensor([-3.,  2., nan]))
+    """
+    return torch.ops.zen.threshold_select(dense, threshold)
+
+
 def hash_partition(indices: Tensor, num_partitions: int, seed: int) -> Tensor:
     """Level-1 hash: the partition h0(i) in [0, n) of each index (int32). The one partition rule of zen."""
     return torch.ops.zen.hash_partition(indices, num_partitions, seed)

@@ -180,6 +180,26 @@ template <typename index_t>
 cudaError_t scatter(void* out, int64_t num_blocks, int64_t width, const index_t* indices, const void* values,
                     ValueKind kind, int64_t count, Workspace& ws, ScatterResult& result, cudaStream_t stream);
 
+// ---- select by magnitude: top-k, or every |x| >= a threshold (indices ascending, values) ----------------
+// Float kinds only; magnitude keys as zen/magnitude.h defines them (NaN first, then +-Inf, then |x|; zeros
+// never chosen). topk_select_count finds the k-th largest key t by a radix select on the device, then flags
+// the keys > t and the first (k - keys above t) keys == t by index: the CPU op's result, element for element.
+// threshold_select_count flags the keys >= min_key (>= 1). Both synchronise once, to read the count.
+struct SelectPlan {
+  const void* dense = nullptr;
+  ValueKind kind = ValueKind::kFloat;
+  uint32_t* words = nullptr;      // bit e % 32 of words[e / 32] is set iff element e is chosen
+  int64_t* tile_ends = nullptr;   // inclusive prefix sum of the chosen elements of each tile of words
+  int64_t num_words = 0, num_tiles = 0;
+  int64_t count = 0;              // known on the host after *_count
+};
+cudaError_t topk_select_count(const void* dense, int64_t numel, ValueKind kind, int64_t k, Workspace& ws,
+                              SelectPlan& plan, cudaStream_t stream);
+cudaError_t threshold_select_count(const void* dense, int64_t numel, ValueKind kind, uint64_t min_key, Workspace& ws,
+                                   SelectPlan& plan, cudaStream_t stream);
+template <typename index_t>
+cudaError_t select_write(const SelectPlan& plan, index_t* indices, void* values, cudaStream_t stream);
+
 }  // namespace gpu
 }  // namespace zen
 

@@ -14,6 +14,7 @@
 #include "kernels.cuh"
 #include "zen/checks.h"
 #include "zen/hash.h"
+#include "zen/select.h"
 
 namespace zen {
 namespace {
@@ -109,6 +110,46 @@ at::Tensor count_nonzero_cuda(const at::Tensor& dense, int64_t block_size) {
   C10_CUDA_CHECK(gpu::count_nonzero(dense.const_data_ptr(), blocks, block_size, kind, out.data_ptr<int64_t>(), ws,
                                     current_stream()));
   return out;
+}
+
+// The chosen elements of a select plan as (indices, values), after its one host read of their number.
+std::tuple<at::Tensor, at::Tensor> select_outputs(const at::Tensor& dense, const gpu::SelectPlan& plan,
+                                                  cudaStream_t stream) {
+  auto indices = at::empty({plan.count}, dense.options().dtype(index_type_for(dense.numel())));
+  auto values = at::empty({plan.count}, dense.options());
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "zen_select_cuda", [&] {
+    C10_CUDA_CHECK(gpu::select_write<index_t>(plan, indices.data_ptr<index_t>(), values.data_ptr(), stream));
+  });
+  return {indices, values};
+}
+
+std::tuple<at::Tensor, at::Tensor> topk_select_cuda(const at::Tensor& dense, int64_t k) {
+  check_select(dense, "topk_select");
+  check_topk_k(k);
+  check_cuda(dense, "dense");
+  const auto kind = value_kind(dense.scalar_type(), "dense");
+  const c10::cuda::CUDAGuard guard(dense.device());
+  const cudaStream_t stream = current_stream();
+  TensorWorkspace ws(dense.device());
+  gpu::SelectPlan plan;
+  C10_CUDA_CHECK(gpu::topk_select_count(dense.const_data_ptr(), dense.numel(), kind, k, ws, plan, stream));
+  return select_outputs(dense, plan, stream);
+}
+
+std::tuple<at::Tensor, at::Tensor> threshold_select_cuda(const at::Tensor& dense, double threshold) {
+  check_select(dense, "threshold_select");
+  check_threshold(threshold);
+  check_cuda(dense, "dense");
+  const auto kind = value_kind(dense.scalar_type(), "dense");
+  uint64_t min_key = 1;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dense.scalar_type(), "zen_threshold_select_cuda",
+                                  [&] { min_key = threshold_key<scalar_t>(threshold); });
+  const c10::cuda::CUDAGuard guard(dense.device());
+  const cudaStream_t stream = current_stream();
+  TensorWorkspace ws(dense.device());
+  gpu::SelectPlan plan;
+  C10_CUDA_CHECK(gpu::threshold_select_count(dense.const_data_ptr(), dense.numel(), kind, min_key, ws, plan, stream));
+  return select_outputs(dense, plan, stream);
 }
 
 at::Tensor hash_partition_cuda(const at::Tensor& indices, int64_t num_partitions, int64_t seed) {
@@ -288,6 +329,8 @@ TORCH_LIBRARY_IMPL(zen, CUDA, m) {
   m.impl("nonzero", &nonzero_cuda);
   m.impl("nonzero_blocks", &nonzero_blocks_cuda);
   m.impl("count_nonzero", &count_nonzero_cuda);
+  m.impl("topk_select", &topk_select_cuda);
+  m.impl("threshold_select", &threshold_select_cuda);
   m.impl("hash_partition", &hash_partition_cuda);
   m.impl("partition", &partition_cuda);
   m.impl("aggregate", &aggregate_cuda);
