@@ -406,6 +406,28 @@ def train_match(res):
                 f"parameters within {params}; `results/train_*.png`, `results/train_*.json`).")
 
 
+
+DENSE = ("dense_gpt_8x1gbit", "dense_gpt_8x100mbit")
+VARIANT_NAMES = {"plain": "plain DDP", "powersgd": "PowerSGD (rank 4)", "zen": "zen top-1%", "zen-global": "zen global top-1%"}
+
+
+def dense_table(res):
+    """benchmarks/dense_model.py's runs: loss, held-out loss and their gap to plain DDP, step time, bytes."""
+    lines = ["| hosts, link | variant | train loss (gap) | held-out loss (gap) | step ms | CPU floor ms | speedup "
+             "| MB sent/rank/step |", "|---|---|---|---|---|---|---|---|"]
+    for stem in DENSE:
+        run = res.json(stem)
+        where = f"{run['world']}, {link(run['bandwidth'])}, {run['config']['steps']} steps"
+        for i, v in enumerate(run["variants"]):
+            cells = [where if i == 0 else "", VARIANT_NAMES.get(v["variant"], v["variant"]),
+                     f"{v['final_train_loss']:.3f} ({100 * v['train_gap']:+.1f}%)",
+                     f"{v['final_eval_loss']:.3f} ({100 * v['eval_gap']:+.1f}%)", f"{v['step_median_s'] * 1e3:.0f}",
+                     f"{v['cpu_floor_s'] * 1e3:.0f}", f"{v['speedup']:.2f}x",
+                     f"{v['bytes_per_step_after_warmup'] / 1e6:.2f}"]
+            lines.append("|" + "|".join(f" {c} " if c != "" else " " for c in cells) + "|")
+    return lines
+
+
 BLOCKS = {
     "sweep_accuracy": sweep_accuracy,
     "sweep_accuracy#runs": sweep_accuracy_runs,
@@ -419,6 +441,7 @@ BLOCKS = {
     "bench_loopback_4,sparse_embedding_2,sparse_embedding_4": loopback,
     ",".join(TRAIN): train_table,
     ",".join(TRAIN) + "#match": train_match,
+    ",".join(DENSE): dense_table,
 }
 
 
