@@ -28,6 +28,8 @@ Variants (--variants, any of):
     zen         DDP + zen.zen_hook with zen.ZenState(topk_ratio=--topk-ratio, warmup_steps=--warmup-steps):
                 each parameter's top-k entries by magnitude, error feedback, zen's sparse all-reduce
     zen-global  the same with global_topk=True: the partitions' owners keep only the global top k
+    zen-mc      zen with DGC's momentum correction, ZenState(momentum=0.9), and SGD without momentum
+                (--optimizer sgd only; the dense warm-up steps then run without momentum)
 
 All variants start from the same weights and see the same batches; every step runs every variant, in
 alternating order (the listed order on even steps, reversed on odd ones), so drifting machine load hits all
@@ -76,7 +78,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-VARIANTS = ("plain", "powersgd", "zen", "zen-global")
+VARIANTS = ("plain", "powersgd", "zen", "zen-global", "zen-mc")
 HELD_OUT = 0.05      # the last 5% of the token stream is never trained on
 LAST_STEPS = 10      # final train loss: the mean of this many last steps
 
@@ -125,9 +127,11 @@ def check_args(args, parser):
     if not variants or unknown or len(set(variants)) != len(variants):
         parser.error(f"--variants: a comma-separated list of distinct names from {', '.join(VARIANTS)}; "
                      f"got {args.variants!r}")
+    if "zen-mc" in variants and args.optimizer != "sgd":
+        parser.error("--variants zen-mc: momentum correction replaces SGD's momentum; it needs --optimizer sgd")
     if args.warmup_steps < 2:
         parser.error("--warmup-steps must be >= 2: DDP rebuilds its buckets after the first step, and "
-                     "PowerSGD's and zen's residuals are kept per bucket")
+                     "PowerSGD's residuals are kept per bucket")
     if args.dim % args.heads:
         parser.error(f"--dim ({args.dim}) must be a multiple of --heads ({args.heads})")
     if not 0 < args.topk_ratio <= 1:
@@ -277,18 +281,16 @@ class Variant:
                                             start_powerSGD_iter=args.warmup_steps)
             self.count = {"elements": 0}
             self.ddp.register_comm_hook(self.state, counting_powersgd_hook(self.count))
-        elif name in ("zen", "zen-global"):
+        elif name in ("zen", "zen-global", "zen-mc"):
             import zen
 
-            if name == "zen":
-                self.state = zen.ZenState(topk_ratio=args.topk_ratio, warmup_steps=args.warmup_steps)
-            else:
-                self.state = zen.ZenState(topk_ratio=args.topk_ratio, warmup_steps=args.warmup_steps,
-                                          global_topk=True)
+            self.state = zen.ZenState(topk_ratio=args.topk_ratio, warmup_steps=args.warmup_steps,
+                                      global_topk=name == "zen-global", momentum=0.9 if name == "zen-mc" else None)
             self.ddp.register_comm_hook(self.state, zen.zen_hook)
         params = self.ddp.parameters()
         if args.optimizer == "sgd":
-            self.opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=args.weight_decay)
+            momentum = 0.0 if name == "zen-mc" else 0.9  # zen-mc: the hook accumulates the momentum
+            self.opt = torch.optim.SGD(params, lr=args.lr, momentum=momentum, weight_decay=args.weight_decay)
         else:
             self.opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
 

@@ -408,7 +408,8 @@ def train_match(res):
 
 
 DENSE = ("dense_gpt_8x1gbit", "dense_gpt_8x100mbit")
-VARIANT_NAMES = {"plain": "plain DDP", "powersgd": "PowerSGD (rank 4)", "zen": "zen top-1%", "zen-global": "zen global top-1%"}
+VARIANT_NAMES = {"plain": "plain DDP", "powersgd": "PowerSGD (rank 4)", "zen": "zen top-1%", "zen-global": "zen global top-1%",
+                 "zen-mc": "zen top-1%, momentum correction"}
 
 
 def dense_table(res):
