@@ -28,9 +28,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import ops
+from .schemes.call import Segment
 
 Tensor = torch.Tensor
-Segment = Tuple[int, int, int]  # (offset, numel, row size) of a bucket's parameter in its flat buffer
 
 SELECTIONS = ("auto", "exact", "sampled")
 SAMPLE_FRACTION = 0.01
