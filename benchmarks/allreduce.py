@@ -15,6 +15,8 @@ tolerance). "auto" is settled first (its measuring and trial calls, untimed; see
     time     median (min, max) over iterations of the time of one call, as above
     algbw    numel * s_v / time, as nccl-tests defines it (GB/s)
     sent     bytes one rank sent in one call (mean over ranks), as the scheme reports it
+    host MB  on an emulated cluster: bytes one host's network card sent in one call (mean over hosts, IP and
+             TCP headers included), from the card's counter (a scheme@node runs zen.all_reduce(hierarchy="node"))
     speedup  dense median / scheme median
     pred     the cost model's time for the scheme (what ``zen.predict`` of the same tensor gives: the
              measured workload and the group's profile, probed once at the start; both are in the JSON)
@@ -61,7 +63,11 @@ def build_parser():
     p.add_argument("--workload", default="uniform", choices=["uniform", "zipf", "text"])
     p.add_argument("--text-dim", type=int, default=128, help="embedding dim of the text workload")
     p.add_argument("--text-batch", type=int, default=2048, help="tokens per rank per step of the text workload")
-    p.add_argument("--schemes", default=None, help="comma-separated, default: every scheme (zen.SCHEMES)")
+    p.add_argument("--schemes", default=None, help="comma-separated, default: every scheme (zen.SCHEMES); a scheme "
+                   "with @node runs as a node call (zen.all_reduce(hierarchy='node'): dense inside each host, the "
+                   "scheme across hosts), e.g. zen,zen@node,dense@node")
+    p.add_argument("--ranks-per-host", type=int, default=1,
+                   help="with --bandwidth: ranks sharing each emulated host (its loopback between them)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
@@ -117,6 +123,44 @@ def timed_calls(args, warm_up_seconds):
             for s, t in zip(warm_up_seconds, slowest.tolist())}
 
 
+def hierarchy_of(scheme: str) -> str:
+    """"node" for a scheme named with @node, else "flat" (the benchmark times each protocol as asked)."""
+    return "node" if scheme.endswith("@node") else "flat"
+
+
+def call_once(instances, scheme, x0):
+    import zen
+
+    x = x0.clone()
+    if scheme == "dense":
+        dist.all_reduce(x)
+    else:
+        zen.all_reduce(x, scheme=instances[scheme], hierarchy=hierarchy_of(scheme))
+
+
+def host_tx_bytes(call) -> float:
+    """Bytes one emulated host's network card sent during ``call()`` (mean over hosts; IP and TCP headers
+    included, the barriers around the call subtracted), read from its counter by the host's local rank 0;
+    NaN outside an emulated cluster (no GLOO_SOCKET_IFNAME, or its counter unreadable)."""
+    path = f"/sys/class/net/{os.environ.get('GLOO_SOCKET_IFNAME', '')}/statistics/tx_bytes"
+    readable = torch.tensor([1.0 if os.path.exists(path) and "GLOO_SOCKET_IFNAME" in os.environ else 0.0])
+    dist.all_reduce(readable, op=dist.ReduceOp.MIN)
+    if not readable.item():
+        return float("nan")
+    first = int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+    def framed(fn):
+        dist.barrier()
+        before = int(open(path).read()) if first else 0
+        fn()
+        dist.barrier()
+        return (int(open(path).read()) - before) if first else 0
+
+    delta = torch.tensor([float(framed(call) - framed(lambda: None)), float(first)], dtype=torch.float64)
+    dist.all_reduce(delta)
+    return delta[0].item() / delta[1].item()
+
+
 def run_case(args, schemes, numel, density, rank, world, progress=None):
     """Times every scheme on one case; returns a row per scheme (on every rank)."""
     import zen
@@ -144,6 +188,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         workload = zen.measure(x0)
         profile = store.cached_profile() or zen.probe_profile()
         predicted = zen.predict_times(workload, profile)
+        if any(s.endswith("@node") for s in schemes):  # the node calls' cross step, on its own group's profile
+            predicted.update({f"{name}@node": t for name, t in zen.predict(x0, hierarchy="node").items()})
         predicted_phases = {scheme: {k: v * 1e3 for k, v in phases.items()}
                             for scheme, phases in zen.predict_phases(workload, profile).items()}
     tol = TOLERANCE[x0.dtype]
@@ -151,7 +197,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     # A fresh "auto" per case, as in a new job (a pick made for the previous case's density would otherwise
     # carry over). Its measuring and trial calls run first, untimed: the rounds time its steady state, the
     # pick it keeps for the next 100 calls; what settling cost is kept in the row (settle_calls, settle_s).
-    instances = {s: Auto() if s == "auto" else s for s in schemes}
+    instances = {s: Auto() if s == "auto" else s.split("@")[0] for s in schemes}
     settle_calls, settle_start = 0, time.perf_counter()
     while "auto" in instances:  # until a call goes straight to the pick
         stats = {}
@@ -186,7 +232,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
                 dist.all_reduce(x)  # the baseline is torch.distributed itself
                 stats["bytes_sent"] = 2 * (world - 1) * numel * x.element_size() / world
             else:
-                zen.all_reduce(x, scheme=instances[scheme], stats=stats)
+                zen.all_reduce(x, scheme=instances[scheme], stats=stats, hierarchy=hierarchy_of(scheme))
             end = time.perf_counter()
             # Nothing else runs until every rank has ended the call: where ranks share cores, the first to
             # end would check their result while the last still finish theirs, and delay the call's end (8
@@ -208,6 +254,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         if progress is not None:
             progress.update(1)
     spans = {s: spans[s][args.warmup:] for s in schemes}
+    host_bytes = {s: host_tx_bytes(lambda: call_once(instances, s, x0)) for s in schemes}
     # The time of a call: from the last rank's start to the last rank's end (timing.call_seconds).
     clocks = [None] * world
     dist.all_gather_object(clocks, timing.clock_id())
@@ -237,7 +284,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "union_density": union_idx.numel() / numel, "imbalance_hash": hash_imb,
             "imbalance_contiguous": contiguous_imb, "time_median": median, "time_min": t.min().item(),
             "time_max": t.max().item(), "calls": t.numel(), "algbw_GBps": numel * x0.element_size() / median / 1e9,
-            "bytes_sent": b.item() / world, "wrong": int(w.item()),
+            "bytes_sent": b.item() / world, "wrong": int(w.item()), "host_tx_bytes": host_bytes[scheme],
+            "ranks_per_host": int(os.environ.get("LOCAL_WORLD_SIZE") or 1),
             "time_predicted": predicted.get(scheme, float("nan")),
             "phases_ms": {p: v * 1e3 / world for p, v in zip(names, mine.tolist())},
             "copy_ms": copy_ms, "block_size": blocks[scheme],
@@ -268,6 +316,9 @@ def format_table(rows):
     head = (f"{'numel':>11} {'nnz/rank':>9} {'union':>7} {'imb hash':>8} {'imb cont':>8} {'scheme':>10} "
             f"{'time ms':>9} {'(min':>8} {'max)':>8} {'pred ms':>8} {'algbw':>7} {'sent MB':>8} {'speedup':>7} "
             f"{'#wrong':>6}")
+    hosts = any(not math.isnan(r.get("host_tx_bytes", float("nan"))) for r in rows)
+    if hosts:
+        head += f" {'host MB':>8}"
     lines = []
     profiles = {json.dumps(r["profile"]) for r in rows if r.get("profile")}
     for text in sorted(profiles):
@@ -290,7 +341,8 @@ def format_table(rows):
                      f"{r['imbalance_contiguous']:>8.2f} {r['scheme']:>10} {r['time_median'] * 1e3:>9.2f} "
                      f"{r['time_min'] * 1e3:>8.2f} {r['time_max'] * 1e3:>8.2f} {r['time_predicted'] * 1e3:>8.2f} "
                      f"{r['algbw_GBps']:>7.2f} "
-                     f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}")
+                     f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}"
+                     + (f" {r['host_tx_bytes'] / 1e6:>8.2f}" if hosts else ""))
     phased = [r for r in rows if r.get("phases_ms")]
     if phased:
         lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians; measured/predicted); b: the"

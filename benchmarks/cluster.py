@@ -1,33 +1,42 @@
 #!/usr/bin/env python3
-"""An emulated cluster on one machine: one network namespace per rank, joined through a shaped bridge.
+"""An emulated cluster on one machine: one network namespace per host, joined through a shaped bridge.
 
     python benchmarks/cluster.py --ranks 8 --bandwidth 1gbit -- python my_bench.py --flag
+    python benchmarks/cluster.py --ranks 8 --ranks-per-host 4 --bandwidth 1gbit -- python my_bench.py
 
-What it builds (all of it inside network namespaces it creates, nothing in the host's own namespace):
+A host runs G ranks (--ranks-per-host, default 1; the ranks N must be a multiple of G), so there are
+H = N / G hosts. What it builds (all of it inside network namespaces it creates, nothing in the host's own
+namespace):
 
-    namespace zenbr:  bridge zbr0, with ports zb0 .. zb{N-1}
-    namespace zenK:   lo (up) and zvK = 10.99.0.(K+1)/24, the other end of the veth pair zbK <-> zvK
-    /etc/netns/zenK/hosts: names zen-rank0.. for those addresses (seen as /etc/hosts inside zenK)
+    namespace zenbr:  bridge zbr0, with ports zb0 .. zb{H-1}
+    namespace zenJ:   host J: lo (up) and zvJ = 10.99.0.(J+1)/24, the other end of the veth pair zbJ <-> zvJ
+    /etc/netns/zenJ/hosts: names for those addresses (seen as /etc/hosts inside zenJ): zen-rank0.. when
+                      G = 1 (host J is rank J), zen-host0.. when G > 1
 
 Every link is shaped in both directions with a token bucket (tc tbf) of rate R:
 
-    rank K upload   = egress of zvK (inside zenK)
-    rank K download = egress of zbK (inside zenbr)
+    host J upload   = egress of zvJ (inside zenJ)
+    host J download = egress of zbJ (inside zenbr)
 
-so a rank can send at R and receive at R at the same time (full duplex), like a host on a switch with
-R-bit/s ports. A transfer from rank A to rank B crosses two shaped queues (zvA, then zbB); its rate is
-min(R, R) = R, and an incast of several ranks into B shares B's download R. With --latency L, a netem delay
-of L/2 sits under each of the two token buckets, so the one-way rank-to-rank delay is L (round trip 2L); this
+so a host can send at R and receive at R at the same time (full duplex), like a host on a switch with
+R-bit/s ports. A transfer from host A to host B crosses two shaped queues (zvA, then zbB); its rate is
+min(R, R) = R, and an incast of several hosts into B shares B's download R. With --latency L, a netem delay
+of L/2 sits under each of the two token buckets, so the one-way host-to-host delay is L (round trip 2L); this
 needs the kernel's sch_netem, which not every kernel has (an error says so). TCP in the namespaces runs
 reno (see CONGESTION_CONTROL).
+
+The G ranks of a host share its link, as the GPUs of a node share its NIC: their traffic to other hosts
+queues in the same two token buckets. Between themselves they talk over the host's own address, which Linux
+routes through the namespace's loopback (`ip route get` says "local ... dev lo"), never through zvJ: fast
+and unshaped, as within a node (cluster_selftest.py measures both).
 
 The rate counts Ethernet frames (IP + TCP headers included, preamble and FCS not): at MTU 1500 the TCP payload
 can reach at most 1448/1514 = 95.6% of R.
 
-Each rank's command runs as `ip netns exec zenK <command>` with MASTER_ADDR=10.99.0.1, MASTER_PORT, RANK,
-WORLD_SIZE, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1 (one rank per emulated host), GLOO_SOCKET_IFNAME=zvK (gloo must
-use the shaped link) and ZEN_CLUSTER_BANDWIDTH_BPS / ZEN_CLUSTER_LATENCY_S (what the links are shaped to, in
-bits/s and seconds);
+Rank K runs on host J = K // G as `ip netns exec zenJ <command>` with MASTER_ADDR=10.99.0.1, MASTER_PORT,
+RANK=K, WORLD_SIZE=N, LOCAL_RANK=K % G, LOCAL_WORLD_SIZE=G (as torchrun sets them), GLOO_SOCKET_IFNAME=zvJ
+(gloo must use the host's shaped link, and binds to its address) and ZEN_CLUSTER_BANDWIDTH_BPS /
+ZEN_CLUSTER_LATENCY_S (what the links are shaped to, in bits/s and seconds);
 OMP_NUM_THREADS defaults to cores // ranks (at least 1), since all ranks share this machine's cores.
 
 Clean-up is always done: on success, failure, exceptions, Ctrl-C and SIGTERM the ranks' process groups are
@@ -40,9 +49,11 @@ Python API:
     with EmulatedCluster(ranks=4, bandwidth="1gbit") as cluster:
         codes = cluster.run([sys.executable, "bench.py"])   # one exit code per rank
 
+    EmulatedCluster(ranks=8, bandwidth="1gbit", ranks_per_host=4)   # 2 hosts of 4 ranks
+
 The CLI's exit code is the ranks' (launch.exit_code). What the links really carry is measured by
 benchmarks/cluster_selftest.py. The benchmarks (allreduce.py, train.py) run on this cluster with --bandwidth,
-through benchmarks/launch.py.
+through benchmarks/launch.py (and with G ranks per host where the script has --ranks-per-host).
 
 Requires root, `ip` and `tc` (iproute2); otherwise the CLI exits with code 2 and says why.
 """
@@ -60,7 +71,7 @@ import time
 
 BRIDGE_NS = "zenbr"
 BRIDGE = "zbr0"
-SUBNET_PREFIX = "10.99.0."  # rank K has 10.99.0.(K+1)/24
+SUBNET_PREFIX = "10.99.0."  # host J has 10.99.0.(J+1)/24
 # TCP congestion control inside the ranks' namespaces: loss-based, as Linux's default (cubic, which this
 # sandbox does not let a namespace pick) is. bbr, this host's default, paces and probes on the shaped links:
 # 4 ranks at 100 Mbit/s, pairwise exchanges of 1 MiB took 88-149 ms with bbr and 89-104 with reno (4 MiB:
@@ -69,7 +80,7 @@ SUBNET_PREFIX = "10.99.0."  # rank K has 10.99.0.(K+1)/24
 CONGESTION_CONTROL = "reno"
 LOCK_PATH = "/run/zen-cluster.lock"
 ETC_NETNS = "/etc/netns"  # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
-MAX_RANKS = 253  # .1 .. .253 keeps .0 and .255 (network, broadcast) free, plus slack
+MAX_HOSTS = 253  # .1 .. .253 keeps .0 and .255 (network, broadcast) free, plus slack
 
 _OUR_NS = re.compile(r"^zen(br|\d+)$")
 
@@ -215,10 +226,12 @@ def cleanup_leftovers():
 
 
 class EmulatedCluster:
-    """N namespaces zen0..zen{N-1} on a bridge, every link shaped to `bandwidth` in both directions.
+    """H = ranks / ranks_per_host namespaces zen0..zen{H-1} (hosts) on a bridge, every link shaped to
+    `bandwidth` in both directions; rank K runs on host K // ranks_per_host.
 
     bandwidth: text as parse_bits_per_second takes it ('1gbit'), or a number of bits/s (kept in
-    `bandwidth_bps`, bits/s); latency: text ('0.1ms') or seconds.
+    `bandwidth_bps`, bits/s); latency: text ('0.1ms') or seconds; ranks_per_host: G, ranks that share one
+    host (its namespace, address and shaped link); ranks must be a multiple of it.
 
     Use as a context manager; `run(cmd)` runs cmd once per rank and returns the list of exit codes
     (negative: killed by that signal, as subprocess reports it). `first_failure` holds (rank, code) of the
@@ -226,10 +239,18 @@ class EmulatedCluster:
     """
 
     def __init__(self, ranks, bandwidth="1gbit", latency=0.0, master_port=29500, mtu=1500,
-                 queue_ms=50.0, verbose=True, congestion_control=CONGESTION_CONTROL):
-        if not 1 <= int(ranks) <= MAX_RANKS:
-            raise ValueError(f"ranks must be in 1..{MAX_RANKS}")
-        self.ranks = int(ranks)
+                 queue_ms=50.0, verbose=True, congestion_control=CONGESTION_CONTROL, ranks_per_host=1):
+        ranks, per_host = int(ranks), int(ranks_per_host)
+        if per_host < 1:
+            raise ValueError(f"ranks per host must be at least 1, not {per_host}")
+        if not 1 <= ranks <= MAX_HOSTS * per_host:
+            raise ValueError(f"ranks must be in 1..{MAX_HOSTS * per_host}")
+        if ranks % per_host != 0:
+            raise ValueError(f"{ranks} ranks do not split into hosts of {per_host}: "
+                             f"ranks must be a multiple of ranks per host")
+        self.ranks = ranks
+        self.ranks_per_host = per_host
+        self.hosts = ranks // per_host
         self.bandwidth_bps = parse_bits_per_second(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
         self.latency_s = parse_time(latency) if isinstance(latency, str) else float(latency)
         self.master_port = int(master_port)
@@ -246,17 +267,43 @@ class EmulatedCluster:
 
     # names and addresses ------------------------------------------------------------------------------
     @staticmethod
-    def namespace(rank):
-        return f"zen{rank}"
+    def host_namespace(host):
+        return f"zen{host}"
 
     @staticmethod
-    def interface(rank):
-        """The veth end inside rank's namespace (what GLOO_SOCKET_IFNAME names)."""
-        return f"zv{rank}"
+    def host_interface(host):
+        """The veth end inside host's namespace: its shaped link (what GLOO_SOCKET_IFNAME names)."""
+        return f"zv{host}"
 
     @staticmethod
-    def address(rank):
-        return f"{SUBNET_PREFIX}{rank + 1}"
+    def host_address(host):
+        return f"{SUBNET_PREFIX}{host + 1}"
+
+    @staticmethod
+    def host_port(host):
+        """The bridge's port for host (in the bridge namespace)."""
+        return f"zb{host}"
+
+    def host_name(self, host):
+        """host's name in the hosts files: zen-rankJ with one rank per host (host J is rank J), else zen-hostJ."""
+        return f"zen-rank{host}" if self.ranks_per_host == 1 else f"zen-host{host}"
+
+    def host(self, rank):
+        return rank // self.ranks_per_host
+
+    def local_rank(self, rank):
+        return rank % self.ranks_per_host
+
+    def namespace(self, rank):
+        return self.host_namespace(self.host(rank))
+
+    def interface(self, rank):
+        """The shaped veth end of rank's host (what GLOO_SOCKET_IFNAME names)."""
+        return self.host_interface(self.host(rank))
+
+    def address(self, rank):
+        """rank's host's address; ranks of one host reach each other on it through the loopback."""
+        return self.host_address(self.host(rank))
 
     def _log(self, msg):
         if self.verbose:
@@ -365,36 +412,38 @@ class EmulatedCluster:
         _sh(["ip", "-n", BRIDGE_NS, "link", "set", "lo", "up"])
         _sh(["ip", "-n", BRIDGE_NS, "link", "add", BRIDGE, "type", "bridge"])
         _sh(["ip", "-n", BRIDGE_NS, "link", "set", BRIDGE, "up"])
-        for rank in range(self.ranks):
-            ns, dev, port = self.namespace(rank), self.interface(rank), f"zb{rank}"
+        for host in range(self.hosts):
+            ns, dev, port = self.host_namespace(host), self.host_interface(host), self.host_port(host)
             _sh(["ip", "netns", "add", ns])
             _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
             if self.congestion_control:
                 _sh(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
                      f"net.ipv4.tcp_congestion_control={self.congestion_control}"])
-            # Created inside the bridge namespace with the peer placed straight into the rank's namespace:
+            # Created inside the bridge namespace with the peer placed straight into the host's namespace:
             # no interface ever appears in the host namespace.
             gso = ["gso_max_size", str(self._gso_bytes())]
             _sh(["ip", "-n", BRIDGE_NS, "link", "add", port, "mtu", str(self.mtu)] + gso + ["type", "veth",
                  "peer", "name", dev, "mtu", str(self.mtu)] + gso + ["netns", ns])
             _sh(["ip", "-n", BRIDGE_NS, "link", "set", port, "master", BRIDGE, "up"])
-            _sh(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", dev])
+            _sh(["ip", "-n", ns, "addr", "add", f"{self.host_address(host)}/24", "dev", dev])
             _sh(["ip", "-n", ns, "link", "set", dev, "up"])
-            self._shape(ns, dev)            # rank's upload
-            self._shape(BRIDGE_NS, port)    # rank's download
+            self._shape(ns, dev)            # host's upload
+            self._shape(BRIDGE_NS, port)    # host's download
             self._write_hosts(ns)
-        self._log(f"{self.ranks} ranks on {BRIDGE_NS}/{BRIDGE}, every link "
+        where = "" if self.ranks_per_host == 1 else f" ({self.hosts} hosts of {self.ranks_per_host})"
+        self._log(f"{self.ranks} ranks{where} on {BRIDGE_NS}/{BRIDGE}, every link "
                   f"{format_bits_per_second(self.bandwidth_bps)} each way, one-way latency "
                   f"{self.latency_s * 1e3:g} ms, MTU {self.mtu} (built in {time.monotonic() - t0:.1f} s)")
 
     def _write_hosts(self, ns):
-        """Name every rank's address (zen-rank0 ...): gloo and c10d look up the peer's name, and without an
-        entry that lookup goes to DNS servers unreachable from the namespace (a warning, or a delay)."""
+        """Name every host's address (host_name: zen-rank0 ... or zen-host0 ...): gloo and c10d look up the
+        peer's name, and without an entry that lookup goes to DNS servers unreachable from the namespace (a
+        warning, or a delay)."""
         os.makedirs(os.path.join(ETC_NETNS, ns), exist_ok=True)
         lines = ["127.0.0.1 localhost", "::1 localhost"]
-        lines += [f"{self.address(r)} zen-rank{r}" for r in range(self.ranks)]
+        lines += [f"{self.host_address(h)} {self.host_name(h)}" for h in range(self.hosts)]
         # c10d's store listens on a dual-stack socket and sees peers as ::ffff:10.99.0.x
-        lines += [f"::ffff:{self.address(r)} zen-rank{r}" for r in range(self.ranks)]
+        lines += [f"::ffff:{self.host_address(h)} {self.host_name(h)}" for h in range(self.hosts)]
         with open(os.path.join(ETC_NETNS, ns, "hosts"), "w") as f:
             f.write("\n".join(lines) + "\n")
 
@@ -406,8 +455,8 @@ class EmulatedCluster:
             "MASTER_PORT": str(self.master_port),
             "RANK": str(rank),
             "WORLD_SIZE": str(self.ranks),
-            "LOCAL_RANK": "0",          # one rank per emulated host
-            "LOCAL_WORLD_SIZE": "1",
+            "LOCAL_RANK": str(self.local_rank(rank)),
+            "LOCAL_WORLD_SIZE": str(self.ranks_per_host),
             "GLOO_SOCKET_IFNAME": self.interface(rank),
             "ZEN_CLUSTER_BANDWIDTH_BPS": str(int(self.bandwidth_bps)),
             "ZEN_CLUSTER_LATENCY_S": repr(self.latency_s),
@@ -484,9 +533,9 @@ class EmulatedCluster:
             return codes
         finally:
             self._kill_all()
-            for rank in range(self.ranks):
+            for host in range(self.hosts):
                 # processes that left their process group (setsid, daemons) still hold our pipes open
-                _kill_namespace_pids(self.namespace(rank))
+                _kill_namespace_pids(self.host_namespace(host))
             for t in pumps:
                 t.join(timeout=2.0)
 
@@ -537,11 +586,14 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(
         prog="cluster.py",
-        description="Run a command once per rank, each rank in its own network namespace behind shaped links.",
+        description="Run a command once per rank, each host (a network namespace running --ranks-per-host ranks) "
+                    "behind a shaped link.",
         epilog="example: cluster.py --ranks 8 --bandwidth 1gbit -- python bench.py --size 1e7")
-    ap.add_argument("--ranks", type=int, default=2, help="number of ranks / namespaces (default 2)")
+    ap.add_argument("--ranks", type=int, default=2, help="number of ranks (default 2)")
+    ap.add_argument("--ranks-per-host", type=int, default=1,
+                    help="ranks sharing one host's namespace and link, a divisor of --ranks (default 1)")
     ap.add_argument("--bandwidth", default="1gbit", help="rate of every link, each direction (default 1gbit)")
-    ap.add_argument("--latency", default="0", help="one-way rank-to-rank delay, e.g. 0.1ms (needs sch_netem)")
+    ap.add_argument("--latency", default="0", help="one-way host-to-host delay, e.g. 0.1ms (needs sch_netem)")
     ap.add_argument("--master-port", type=int, default=29500)
     ap.add_argument("--mtu", type=int, default=1500)
     ap.add_argument("--queue-ms", type=float, default=50.0, help="queue depth of every shaped link, in ms at rate")
@@ -565,7 +617,8 @@ def main(argv=None):
             print(f"removed: {' '.join(cleanup_leftovers()) or 'nothing'}", file=sys.stderr)
             return 0
         cluster = EmulatedCluster(args.ranks, args.bandwidth, args.latency, args.master_port, args.mtu,
-                                  args.queue_ms, verbose=not args.quiet, congestion_control=args.congestion_control)
+                                  args.queue_ms, verbose=not args.quiet, congestion_control=args.congestion_control,
+                                  ranks_per_host=args.ranks_per_host)
     except (ClusterSetupError, ValueError) as e:
         print(f"cluster.py: error: {e}", file=sys.stderr)
         return 2

@@ -10,7 +10,9 @@ Three ways, picked from the parsed arguments:
     from the environment  ``args.from_env``: this process is one rank of a job launched by torchrun or by the
                           emulated cluster (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; gloo, env://)
     emulated cluster      ``args.bandwidth``: root only; benchmarks/cluster.py's EmulatedCluster runs the same
-                          script with --from-env once per rank, each in its own network namespace
+                          script with --from-env once per rank, each host in its own network namespace:
+                          ``args.ranks_per_host`` ranks per host (1 where the script has no --ranks-per-host;
+                          ``args.world`` must be a multiple of it), sharing the host's shaped link
     local                 otherwise: ``args.world`` gloo ranks over loopback (zen.local.run_ranks)
 
 A script without --from-env or --bandwidth (no such attribute) always runs local ranks.
@@ -103,6 +105,7 @@ def _emulated_cluster(args, script, argv, timeout):
         raise ValueError("launch: the emulated cluster needs the script to run on every rank")
     argv = sys.argv[1:] if argv is None else argv
     cmd = [sys.executable, os.path.abspath(script), "--from-env"] + list(argv)
-    with EmulatedCluster(args.world, args.bandwidth, args.latency) as cluster:
+    with EmulatedCluster(args.world, args.bandwidth, args.latency,
+                         ranks_per_host=getattr(args, "ranks_per_host", 1)) as cluster:
         codes = cluster.run(cmd, timeout=timeout)
     return Launched(args.world, exit_code=exit_code(codes, cluster.timed_out, cluster.first_failure))

@@ -8,8 +8,8 @@ from typing import Optional, Union
 import torch
 
 from .auto import Auto
+from .hierarchy import POLICY, check_hierarchy
 from .schemes import Scheme, registered, scheme_class
-from .schemes.call import run_call
 from .transport import get_comm
 
 
@@ -81,7 +81,8 @@ class Work:
 
 
 def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=None, async_op: bool = False,
-               stats: Optional[dict] = None, timeout=None, block_size: Optional[int] = None):
+               stats: Optional[dict] = None, timeout=None, block_size: Optional[int] = None,
+               hierarchy: str = "auto", local_size: Optional[int] = None):
     """Sum ``tensor`` over ``group`` in place, like ``torch.distributed.all_reduce(tensor, op=SUM)``.
 
     ``scheme`` picks the algorithm: a name from ``zen.SCHEMES``, or a scheme instance with its own settings
@@ -103,6 +104,12 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
     R_nz (b s_v + s_i) < nnz (s_v + s_i) (an embedding gradient), else elements (a top-k gradient). An int
     forces b; it must divide the tensor. A sparse COO tensor always travels as rows of its dense dims.
 
+    ``hierarchy`` (:mod:`zen.hierarchy`): "node" sums inside each node first (dense, over its fast links), then
+    runs ``scheme`` across the nodes, each local rank on its own shard, then gathers inside the node; "flat"
+    runs ``scheme`` over all ranks; "auto" (default) times both on the first calls and keeps the faster (flat
+    where the group is one node or one rank per node). ``local_size``: ranks per node; None finds it
+    (``LOCAL_WORLD_SIZE``, which torchrun sets, else the hostnames). Every rank must pass the same two.
+
     ``timeout`` (timedelta or seconds; default: ``group``'s own timeout): bounds zen's collectives on this
     group from this call on. Returns None, or a :class:`Work` handle when ``async_op``. ``stats``, if given,
     receives what the call measured (bytes sent, union size, gamma, partition imbalance...).
@@ -112,6 +119,7 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
         grad = embedding.weight.grad            # mostly zero rows
         zen.all_reduce(grad)                     # == dist.all_reduce(grad), fewer bytes
     """
+    check_hierarchy("zen.all_reduce", hierarchy, local_size)
     comm = get_comm(group, timeout)
     if comm is None:
         return None
@@ -126,7 +134,8 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
     allowed = tuple(SCHEMES)
     is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
     stream = torch.cuda.current_stream(tensor.device) if is_cuda else None
-    future = comm.submit(lambda: run_call(comm, tensor, instance, name, stats, allowed, block_size), stream)
+    future = comm.submit(lambda: POLICY.run(comm, tensor, instance, name, stats, allowed, block_size,
+                                            hierarchy=hierarchy, local_size=local_size), stream)
     work = Work(future)
     if async_op:
         return work

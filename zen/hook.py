@@ -28,6 +28,7 @@ from . import topk
 from .agreement import MismatchError, text_code
 from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
+from .hierarchy import POLICY, check_hierarchy
 from .schemes.balanced import check_settings
 from .schemes.call import Segment, run_call
 from .transport import get_comm
@@ -74,11 +75,19 @@ class ZenState:
         value_dtype: torch.float16 or torch.bfloat16: values travel in it, with or without top-k (the zen
             scheme's owners sum in the gradient's dtype; a dense all-reduce sums in it, as torch's
             ``fp16_compress_hook``). ``scheme`` "zen" or "dense" only. None (default): the gradient's dtype.
+
+    Multi-rank nodes (:mod:`zen.hierarchy`):
+        hierarchy: "node": each bucket is summed inside the node first (dense, on the fast links), then across
+            the nodes by ``scheme``, each local rank on its own shard, then gathered inside the node; "flat":
+            ``scheme`` over all ranks; "auto" (default): both timed on the first steps, the faster kept (flat on
+            one node or with one rank per node). Not with ``global_topk``.
+        local_size: ranks per node; None (default) finds it (``LOCAL_WORLD_SIZE``, else the hostnames).
     """
 
     __slots__ = ["process_group", "scheme", "dense_threshold", "num_probes", "table_factor", "serial_factor",
                  "timeout", "log_every", "topk_ratio", "warmup_steps", "error_feedback", "momentum", "min_numel",
-                 "selection", "density_ramp", "reestimate_every", "global_topk", "value_dtype", "_scheme", "_comm", "last_stats",
+                 "selection", "density_ramp", "reestimate_every", "global_topk", "value_dtype", "hierarchy",
+                 "local_size", "_scheme", "_comm", "last_stats",
                  "_totals", "_residuals", "_ordinals", "_layouts", "_selector", "_checked", "_unpickled"]
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, scheme: str = "zen",
@@ -87,7 +96,8 @@ class ZenState:
                  topk_ratio: Optional[float] = None, warmup_steps: int = 10, error_feedback: bool = True,
                  momentum: Optional[float] = None, min_numel: int = 4096, selection: str = "auto",
                  density_ramp: Optional[int] = None, reestimate_every: int = 16, global_topk: bool = False,
-                 value_dtype: Optional[torch.dtype] = None):
+                 value_dtype: Optional[torch.dtype] = None, hierarchy: str = "auto",
+                 local_size: Optional[int] = None):
         if scheme not in SCHEMES:
             raise ValueError(f"ZenState: scheme must be one of {', '.join(SCHEMES)}; got {scheme!r}")
         check_settings("ZenState", num_probes, table_factor, serial_factor, dense_threshold)
@@ -99,6 +109,10 @@ class ZenState:
         if value_dtype not in (None, torch.float16, torch.bfloat16) or (value_dtype and scheme not in ("zen", "dense")):
             raise ValueError("ZenState: value_dtype must be None, torch.float16 or torch.bfloat16, with scheme 'zen' "
                              f"or 'dense'; got value_dtype={value_dtype!r}, scheme={scheme!r}")
+        check_hierarchy("ZenState", hierarchy, local_size)
+        if global_topk and hierarchy == "node":
+            raise ValueError("ZenState: global_topk selects on all ranks' partitions; it does not run with "
+                             "hierarchy='node'")
         if timeout is not None and not (timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout) > 0:
             raise ValueError(f"ZenState: timeout must be None, a positive timedelta or seconds; got {timeout!r}")
         if log_every is not None and (not isinstance(log_every, int) or log_every < 1):
@@ -121,6 +135,8 @@ class ZenState:
         self.reestimate_every = reestimate_every
         self.global_topk = bool(global_topk)
         self.value_dtype = value_dtype
+        self.hierarchy = "flat" if global_topk else hierarchy
+        self.local_size = local_size
         self._comm = None
         self._scheme = None
         self.last_stats = {}
@@ -260,6 +276,7 @@ class ZenState:
         self.log_every = None
         self._totals = _no_totals()
         self._ordinals = WeakIdKeyDictionary()
+        self.hierarchy, self.local_size = "auto", None  # (a state pickled before these settings)
         for name, value in state.items():
             setattr(self, name, value)
         self._checked = False
@@ -306,7 +323,11 @@ def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor
     if large:
         # Global top-k: the owners keep the k (summed over the parameters, alike on every rank) largest sums.
         keep = sum(topk.keep_count(ratio, s[1]) for s, _ in parts) if state.global_topk else None
-        run_call(comm, buffer, scheme, state.scheme, stats, block_size=1, keep=keep, value_dtype=state.value_dtype)
+        if keep is None:
+            POLICY.run(comm, buffer, scheme, state.scheme, stats, block_size=1, value_dtype=state.value_dtype,
+                       hierarchy=state.hierarchy, local_size=state.local_size)
+        else:
+            run_call(comm, buffer, scheme, state.scheme, stats, block_size=1, keep=keep, value_dtype=state.value_dtype)
         reached = stats.pop("kept", None)
         if reached is not None and state.error_feedback:
             stats["returned"] = topk.return_unsent(parts, sent_idx, sent_val, reached, buffer.numel())
@@ -343,7 +364,8 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
         else:
             if state.value_dtype is not None:
                 state._check_same_settings(comm)
-            run_call(comm, buffer, scheme, state.scheme, stats, segments=segments, value_dtype=state.value_dtype)
+            POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments, value_dtype=state.value_dtype,
+                       hierarchy=state.hierarchy, local_size=state.local_size)
         state.last_stats = stats
         state._record(buffer, stats, time.perf_counter() - start, last)
         return buffer

@@ -30,14 +30,16 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from . import cost, wire
-from .agreement import inspect_call
-from .cost import Profile, Workload
+from .agreement import MismatchError, inspect_call
+from .cost import Profile, Workload, node_phases
 from .geometry import sparse_rows
+from .hierarchy import POLICY, check_hierarchy, shard_bounds
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
 from .measurement.workload import measure_now
 from .schemes import Call, registered
 from .schemes.call import choose_rows, segment_entries
+from .topology import node_comms
 from .transport import get_comm
 
 
@@ -70,28 +72,63 @@ def _measure(tensor, group, block_size, want_profile, profile=None):
     if comm is None:
         return None, None
     header, _ = inspect_call(tensor, "zen", True, None, comm.backend)  # a bad tensor: every rank raises alike
-    mine = profile or cached_profile(group)
+    return comm.submit(lambda: _measure_on(comm, header, tensor, tensor, block_size, want_profile, profile)).wait()
+
+
+def _measure_on(comm, header, tensor, whole, block_size, want_profile, profile=None):
+    """(workload, profile) of all-reducing ``tensor`` (a part of ``whole``, whose header the agreement checks)
+    over ``comm``, on its lane; the profile is ``profile``, else the one set or probed for ``comm``'s group."""
+    mine = profile or cached_profile(comm.user_group)
+    # The entries zen.all_reduce would reduce: rows of a sparse tensor's dense dims, or the rows of the
+    # last dimension where all ranks' rows take fewer bytes (chosen alike, in the agreement), else elements.
+    call = Call(comm, header, tuple(whole.shape))
+    if tensor.layout == torch.sparse_coo:
+        t = tensor.coalesce()
+        indices, values = sparse_rows(t)
+        numel, dense_input, row_choice = math.prod(t.shape[:t.sparse_dim()]), False, False
+    else:
+        flat = tensor.contiguous().view(-1)
+        row = whole.shape[-1] if whole.dim() > 1 and flat.numel() and whole.shape[-1] else 1
+        segment = (0, flat.numel(), row)
+        blocks, extracted = choose_rows(call, flat, [segment]) if segment[2] > 1 else ([1], [None])
+        indices, values = segment_entries(flat, segment, blocks[0], extracted[0])
+        numel, dense_input, row_choice = flat.numel() // blocks[0], True, segment[2] > 1
+    result = measure_now(comm, call.agree, indices, values, numel, dense_input,
+                         -(-block_size // wire.row_width(values)), mine,
+                         probe=(lambda: probe_now(comm)) if want_profile else None, row_choice=row_choice)
+    if want_profile and mine is None:
+        set_profile(comm.user_group, result[1])
+    return result
+
+
+def _node_times(tensor, group, local_size, block_size) -> Optional[Dict[str, float]]:
+    """Predicted seconds of ``zen.all_reduce(tensor, scheme=s, hierarchy="node")`` for every scheme s: the two
+    steps inside the node on the node's profile (probed on a node's ranks, once) and the cross step on the
+    workload of the summed shards, measured on the cross group, on its own profile (probed on it, every
+    cross group at once: the ranks of a node share its network)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+        raise TypeError("zen.predict(hierarchy='node') takes a strided torch.Tensor")
+    comm = get_comm(group)
+    if comm is None:
+        return None
+    header, _ = inspect_call(tensor, "zen", True, None, comm.backend)
 
     def job():
-        # The entries zen.all_reduce would reduce: rows of a sparse tensor's dense dims, or the rows of the
-        # last dimension where all ranks' rows take fewer bytes (chosen alike, in the agreement), else elements.
-        call = Call(comm, header, tuple(tensor.shape))
-        if tensor.layout == torch.sparse_coo:
-            t = tensor.coalesce()
-            indices, values = sparse_rows(t)
-            numel, dense_input, row_choice = math.prod(t.shape[:t.sparse_dim()]), False, False
-        else:
-            flat = tensor.contiguous().view(-1)
-            segment = (0, flat.numel(), tensor.shape[-1] if tensor.dim() > 1 and flat.numel() else 1)
-            blocks, extracted = choose_rows(call, flat, [segment]) if segment[2] > 1 else ([1], [None])
-            indices, values = segment_entries(flat, segment, blocks[0], extracted[0])
-            numel, dense_input, row_choice = flat.numel() // blocks[0], True, segment[2] > 1
-        result = measure_now(comm, call.agree, indices, values, numel, dense_input,
-                             -(-block_size // wire.row_width(values)), mine,
-                             probe=(lambda: probe_now(comm)) if want_profile else None, row_choice=row_choice)
-        if want_profile and mine is None:
-            set_profile(group, result[1])
-        return result
+        topology = POLICY.topology(comm, local_size)
+        if topology.local_size is None:
+            raise MismatchError(f"zen.predict: hierarchy='node' needs nodes of equal size; {topology.describe()}")
+        intra, cross = node_comms(comm, topology)
+        flat = tensor.detach().reshape(-1).clone()
+        row = tensor.shape[-1] if tensor.dim() > 1 and tensor.shape[-1] else 1
+        bounds = shard_bounds([(0, flat.numel(), row)], intra.world)
+        intra.reduce_scatter(flat, bounds)
+        shard = flat[bounds[intra.rank]:bounds[intra.rank + 1]]
+        workload, cross_profile = _measure_on(cross, header, shard, tensor, block_size, want_profile=True)
+        intra_profile = cached_profile(intra.user_group)
+        if intra_profile is None:
+            intra_profile = set_profile(intra.user_group, probe_now(intra))
+        steps = sum(node_phases(flat.numel(), flat.element_size(), intra.world, intra_profile).values())
+        return {name: t + steps for name, t in predict_times(workload, cross_profile).items()}
 
     return comm.submit(job).wait()
 
@@ -102,10 +139,14 @@ def measure(tensor: torch.Tensor, group=None, block_size: int = 256) -> Workload
 
 
 def predict(tensor: torch.Tensor, group=None, profile: Optional[Profile] = None,
-            block_size: int = 256) -> Dict[str, float]:
+            block_size: int = 256, hierarchy: str = "flat", local_size: Optional[int] = None) -> Dict[str, float]:
     """Predicted seconds of ``zen.all_reduce(tensor, scheme=s, group=group)`` for every scheme s of
     ``zen.SCHEMES`` ("auto": the smallest). Collective. ``profile``: use it instead of the cached or probed one
     (rank 0's counts). None on a rank outside the group.
+
+    ``hierarchy``: "flat" (default) predicts the flat call; "node" the node call (``zen.hierarchy``; a strided
+    tensor), with s the scheme across nodes; "both": {"flat": ..., "node": ...}, the two options side by side.
+    ``local_size`` as in ``zen.all_reduce``.
 
     Example::
 
@@ -113,8 +154,16 @@ def predict(tensor: torch.Tensor, group=None, profile: Optional[Profile] = None,
         times = zen.predict(embedding.weight.grad)
         best = min(times, key=times.get)
     """
-    workload, agreed = _measure(tensor, group, block_size, want_profile=True, profile=profile)
-    return None if workload is None else predict_times(workload, agreed)
+    check_hierarchy("zen.predict", hierarchy if hierarchy != "both" else "flat", local_size)
+    if hierarchy == "auto":
+        raise ValueError("zen.predict: hierarchy must be 'flat', 'node' or 'both'; got 'auto'")
+    times = {}
+    if hierarchy in ("flat", "both"):
+        workload, agreed = _measure(tensor, group, block_size, want_profile=True, profile=profile)
+        times["flat"] = None if workload is None else predict_times(workload, agreed)
+    if hierarchy in ("node", "both"):
+        times["node"] = _node_times(tensor, group, local_size, block_size)
+    return times if hierarchy == "both" else times[hierarchy]
 
 
 def predict_memory(tensor: torch.Tensor, group=None, block_size: int = 256) -> Dict[str, float]:

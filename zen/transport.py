@@ -137,15 +137,22 @@ class Lane:
 class Comm:
     """zen's view of one process group. Create through :func:`get_comm`."""
 
-    def __init__(self, group: Optional[dist.ProcessGroup], timeout=None):
+    def __init__(self, group: Optional[dist.ProcessGroup], timeout=None, ranks: Optional[List[int]] = None,
+                 suffix: str = ""):
+        """zen's view of ``group``; with ``ranks`` (global ranks, a subset of the group's) and ``suffix`` (a name
+        unique among the group's subsets), of that subset: a sub-group made by its members only (the parts
+        of a hierarchical call, :meth:`sub_comm`)."""
         self.user_group = group
-        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        if ranks is None:
+            ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
         self.backend = dist.get_backend(group)
         self.timeout = _as_timedelta(timeout) or group_timeout(group)
-        self.group = _private_group(group, ranks, self.backend, self.timeout)
+        self.group = _private_group(group, ranks, self.backend, self.timeout, suffix)
         # gloo: messages from a higher to a lower group rank go on a second group (see the module docstring).
-        self.reverse_group = (_private_group(group, ranks, self.backend, self.timeout, ":reverse")
+        self.reverse_group = (_private_group(group, ranks, self.backend, self.timeout, suffix + ":reverse")
                               if self.backend == "gloo" else None)
+        if suffix:  # a sub-group: its profile is its own (zen.measurement.store keys profiles by user_group)
+            self.user_group = self.group
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
@@ -158,6 +165,17 @@ class Comm:
         self.last_stats = {}
         self.agreements = 0  # agreement exchanges started on this rank (tells a pre-exchange failure apart)
         self.broken: Optional[str] = None
+        self._subs = {}  # suffix -> Comm over a subset of this group's ranks
+
+    def sub_comm(self, ranks: List[int], suffix: str) -> "Comm":
+        """The :class:`Comm` of a subset of this group (``ranks``: group ranks, ascending, this rank among them),
+        created by its members on first use (each member calls with the same ranks and ``suffix``) and cached.
+        Its collectives run on this group's lane: a call that uses it runs there, so every member issues
+        them in the same order."""
+        if suffix not in self._subs:
+            members = [dist.get_global_rank(self.group, q) for q in ranks]
+            self._subs[suffix] = Comm(self.user_group, self.timeout, members, suffix)
+        return self._subs[suffix]
 
     def set_timeout(self, timeout) -> None:
         """Timeout of zen's private group for the collectives started from now on."""
@@ -167,6 +185,8 @@ class Comm:
                 if group is not None:
                     dist.distributed_c10d._set_pg_timeout(timeout, group)
             self.timeout = timeout
+        for sub in self._subs.values():
+            sub.set_timeout(timeout)
 
     # --- the lane -----------------------------------------------------------------------------------
     def submit(self, job, stream=None) -> torch.futures.Future:
@@ -317,6 +337,30 @@ class Comm:
         self.all_to_all(recv, piece.repeat(self.world), recv_splits, [piece.numel()] * self.world,
                         largest=max(recv_splits))
 
+    def reduce_scatter(self, flat: torch.Tensor, bounds: List[int]) -> None:
+        """The sum over the group of every rank's ``flat[bounds[q]:bounds[q + 1]]``, into that part of ``flat`` on
+        rank q, in place (the other parts keep this rank's values): part q goes to rank q, an all-to-all of
+        (n-1)/n of the bytes, and each rank adds the n parts it received in rank order."""
+        n, me = self.world, self.rank
+        if n == 1:
+            return
+        size = flat.element_size()
+        mine = bounds[me + 1] - bounds[me]
+        send_splits = [(bounds[q + 1] - bounds[q]) * size for q in range(n)]
+        recv = torch.empty(n * mine, dtype=flat.dtype, device=flat.device)
+        self.all_to_all(_as_bytes(recv), _as_bytes(flat), [mine * size] * n, send_splits, largest=max(send_splits))
+        torch.sum(recv.view(n, mine), dim=0, out=flat[bounds[me]:bounds[me + 1]])
+
+    def all_gather_parts(self, flat: torch.Tensor, bounds: List[int]) -> None:
+        """Every rank q's ``flat[bounds[q]:bounds[q + 1]]`` into the same part of ``flat`` on every rank."""
+        if self.world == 1:
+            return
+        size = flat.element_size()
+        me = self.rank
+        piece = flat[bounds[me]:bounds[me + 1]].clone()
+        self.all_gather_bytes(_as_bytes(flat), _as_bytes(piece),
+                              [(bounds[q + 1] - bounds[q]) * size for q in range(self.world)])
+
     # --- hash bitmap index sets -----------------------------------------------------------------------
     def index_sets(self, numel: int, device) -> tuple:
         """(sets, offsets) of I_j for tensors of ``numel`` elements, computed once per (numel, device)."""
@@ -345,6 +389,8 @@ def _forget_comms() -> None:
     runtime tears down ("terminate called without an active exception", seen at exit of 2-rank runs)."""
     with _comms_lock:
         for comm in _comms.values():
+            for sub in comm._subs.values():
+                sub._lane.close(timeout=1.0)
             comm._lane.close(timeout=1.0)
         _comms.clear()
 

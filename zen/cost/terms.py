@@ -125,3 +125,21 @@ def aggregate_bytes(count: float, unique: float, w: Workload) -> float:
     """Peak bytes of ``ops.aggregate`` on ``count`` pairs with ``unique`` results: its scratch (count indices
     and count sums, in the accumulation type: at least 4 bytes) and its output (unique pairs)."""
     return count * (w.index_size + max(w.value_size, 4)) + coo(unique, w)
+
+
+def node_phases(numel: int, value_size: int, local_size: int, intra: Profile) -> dict:
+    """The two steps of a node call (``zen.hierarchy``) beside the cross step, on the node's links (``intra``:
+    the profile of a node's ranks, probed on them), for a strided tensor of M values:
+
+    reduce-scatter  c_a2a + (G-1)/G M s_v / b_a2a + M s_v (1 + 1/G) / mu   (shards out; G shards read, one written)
+    all-gather      c_a2a + (G-1)/G M s_v / b_a2a + M s_v / mu             (own shard copied G times, sent)
+
+    b_a2a at the transport that a piece of M s_v / G bytes takes (``zen.geometry.duplex_all_to_all``)."""
+    g = local_size
+    if g <= 1:
+        return dict(intra_reduce_scatter=0.0, intra_all_gather=0.0)
+    nbytes = numel * value_size
+    rate = intra.rate("alltoall" if duplex_all_to_all(g, nbytes / g) else "alltoall_small")
+    wire_time = intra.fixed("alltoall", g) + (g - 1) / g * nbytes / rate
+    return dict(intra_reduce_scatter=wire_time + nbytes * (1 + 1 / g) / intra.memory_bandwidth,
+                intra_all_gather=wire_time + nbytes / intra.memory_bandwidth)

@@ -23,7 +23,7 @@ Segment = Tuple[int, int, int]  # (offset, numel, row size) of a part of a flat 
 def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str] = None,
              stats: Optional[dict] = None, allowed: Sequence[str] = (), block_size: Optional[int] = None,
              segments: Optional[Sequence[Segment]] = None, keep: Optional[int] = None,
-             value_dtype: Optional[torch.dtype] = None):
+             value_dtype: Optional[torch.dtype] = None, whole: Optional[torch.Tensor] = None):
     """Run one all-reduce on the calling thread (which must be the group's lane). In place; returns tensor.
 
     ``scheme``: a scheme instance, or None when ``scheme_name`` named no scheme (``allowed``: the names that
@@ -33,7 +33,8 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     each reduced as elements or as rows of its row size, chosen per call; they replace ``block_size``.
     ``keep``: global top-k, where the scheme supports it (:attr:`Call.keep`); the indices that reached the
     sum are then in ``stats["kept"]`` (absent where every entry did). ``value_dtype``: the dtype values
-    travel in (:attr:`Call.value_dtype`; the caller checks that the scheme supports it).
+    travel in (:attr:`Call.value_dtype`; the caller checks that the scheme supports it). ``whole``: where
+    ``tensor`` is a part of a tensor (a hierarchical call's shard), that tensor: the agreement checks it.
     A sparse COO tensor travels as rows of its dense dims. Errors: bad input -> :class:`MismatchError` on
     every rank; a failure part-way -> the error here, and :class:`zen.BrokenGroupError` for every later
     call on the group."""
@@ -41,9 +42,10 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     if scheme_name is None:
         scheme_name = getattr(scheme, "name", None)
     settings = scheme.agreement_settings() if scheme is not None else None
-    header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend, allowed,
-                                            block_size)
-    shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
+    described = tensor if whole is None else whole
+    header, detail = agreement.inspect_call(described, scheme_name, scheme is not None, settings, comm.backend,
+                                            allowed, block_size)
+    shape = tuple(described.shape) if isinstance(described, torch.Tensor) else ()
     scheme_name = str(scheme_name)  # (after inspect_call, whose detail names a non-string scheme by its repr)
     if detail:
         agreement.report(comm, header, detail, shape=shape, scheme_name=scheme_name)

@@ -1,0 +1,335 @@
+"""Multi-rank nodes: dense inside a node, sparse across nodes (``hierarchy="node"``), the flat protocol
+(``"flat"``), or whichever runs faster (``"auto"``).
+
+With N nodes of G ranks (:mod:`zen.topology`), a node call on a tensor of M values runs three steps:
+
+    1 reduce-scatter inside the node: local rank l receives shard l (M/G values, cut at row boundaries) of
+      every rank of its node and sums them; (G-1)/G M s_v bytes per rank over the node's fast links
+    2 local rank l all-reduces its shard with the chosen scheme across the nodes, over cross group l (one
+      rank per node); the G cross groups run at once, so every rank's network card is busy. The scheme sees
+      the density after the node's sum, so its dense switch decides on that
+    3 all-gather inside the node: every rank receives the G summed shards; (G-1)/G M s_v bytes per rank
+
+A sparse COO tensor (``nn.Embedding(sparse=True)``) stays sparse: step 1 sends each rank's rows of shard l to
+local rank l, which sums them; step 2 reduces the shard's rows; step 3 gathers the summed rows.
+
+Across the network a node sends its shards' union instead of its G ranks' entries: where the ranks of a node
+share indices (the same words in a batch) the node sends fewer bytes, and each rank pulls only 1/G of the
+union. What a node call costs beyond the cross step is the two dense steps on the fast links (s_v M bytes
+per rank in all, :func:`zen.cost.terms.node_phases`).
+
+Errors as in the flat call: bad input on any rank makes every rank raise a :class:`zen.MismatchError`. The
+node's agreement (on its fast links) comes first; a node that fails it reports to the other nodes in the
+cross step's agreement, where they raise too. Every rank must use the same ``hierarchy`` and ``local_size``
+(a flat call and a node call start on different groups: ranks that differ wait on each other until the
+group's timeout, then raise :class:`zen.PeerError`).
+
+``"auto"`` times both: on the first calls of each (group, tensor size) the node and the flat protocol take
+turns (``trials`` calls each, every call timed from the last rank's start to the last one's end and the
+times exchanged, so every rank picks alike) and the smaller median wins; it is timed again every ``recheck``
+calls. It runs flat where there is nothing to gain (one node, or one rank per node) and, with a warning,
+where nodes differ in size.
+"""
+import math
+import re
+import statistics
+import threading
+import time
+import warnings
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import agreement, wire
+from .agreement import MismatchError, Problem
+from .geometry import rows_to_sparse, sparse_rows
+from .measurement.timing import call_seconds, clock_id
+from .schemes.call import Segment, run_call
+from .topology import Topology, detect, node_comms
+from .transport import Comm
+
+HIERARCHIES = ("auto", "flat", "node")
+
+
+def check_hierarchy(owner: str, hierarchy, local_size) -> None:
+    """A ValueError naming the setting, where ``hierarchy`` or ``local_size`` is not allowed."""
+    if hierarchy not in HIERARCHIES:
+        raise ValueError(f"{owner}: hierarchy must be one of {', '.join(map(repr, HIERARCHIES))}; got {hierarchy!r}")
+    if local_size is not None and (not isinstance(local_size, int) or isinstance(local_size, bool) or local_size < 1):
+        raise ValueError(f"{owner}: local_size must be None or a positive int; got {local_size!r}")
+
+
+def shard_bounds(segments: Sequence[Segment], parts: int) -> list:
+    """``parts`` + 1 offsets cutting the flat tensor of ``segments`` into nearly equal shards, each cut moved
+    down to a row boundary of the segment it falls in (so no row of b values is split between shards)."""
+    total = sum(numel for _, numel, _ in segments)
+    bounds = []
+    for j in range(parts + 1):
+        target = j * total // parts
+        for offset, numel, row in segments:
+            if offset <= target < offset + numel:
+                target = offset + (target - offset) // row * row
+                break
+        bounds.append(target)
+    return bounds
+
+
+def shard_segments(segments: Sequence[Segment], lo: int, hi: int) -> list:
+    """The parts of ``segments`` within [lo, hi), as segments of that shard (offsets from lo)."""
+    return [(max(offset, lo) - lo, min(offset + numel, hi) - max(offset, lo), row)
+            for offset, numel, row in segments if offset < hi and offset + numel > lo]
+
+
+class _Trials:
+    __slots__ = ("calls", "times", "choice")
+
+    def __init__(self):
+        self.calls, self.times, self.choice = 0, {"node": [], "flat": []}, None
+
+
+class Hierarchy:
+    """Runs calls flat or by nodes, and keeps what ``"auto"`` measured. One per process (:data:`POLICY`)."""
+
+    def __init__(self, trials: int = 3, recheck: int = 100):
+        self.trials, self.recheck = trials, recheck
+        self._topologies = {}  # (comm, local_size) -> Topology
+        self._trials = {}  # (comm, topology, tensor key) -> _Trials
+        self._warned = set()
+        self._lock = threading.Lock()
+
+    def topology(self, comm: Comm, local_size: Optional[int]) -> Topology:
+        """``comm``'s nodes, found on first use (collective; a failure there breaks the group on this rank)."""
+        key = (comm, local_size)
+        if key not in self._topologies:
+            comm.check_usable()
+            try:
+                self._topologies[key] = detect(comm, local_size)
+            except MismatchError:
+                raise
+            except BaseException as error:  # noqa: B036  (the exchange failed: a dead peer, a timeout)
+                comm.fail(error)
+                raise
+        return self._topologies[key]
+
+    def run(self, comm: Comm, tensor, scheme, scheme_name=None, stats: Optional[dict] = None,
+            allowed: Sequence[str] = (), block_size: Optional[int] = None,
+            segments: Optional[Sequence[Segment]] = None, hierarchy: str = "auto", local_size: Optional[int] = None,
+            value_dtype: Optional[torch.dtype] = None):
+        """One all-reduce on ``comm``'s lane, flat (:func:`zen.schemes.call.run_call`) or by nodes, as ``hierarchy``
+        says; the arguments as run_call's. ``stats`` gets "hierarchy" (what ran) besides the scheme's."""
+        if hierarchy == "flat" or comm.world == 1:
+            return run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments,
+                            value_dtype=value_dtype)
+        topology = self.topology(comm, local_size)
+        mode = self._mode(comm, topology, hierarchy)
+        key = (comm, topology.nodes, _tensor_key(tensor), block_size)
+        trial = None
+        if mode == "auto":
+            mode, trial = self._next(key)
+        start = time.perf_counter()
+        if mode == "flat":
+            run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype=value_dtype)
+        else:
+            node_call(comm, topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype)
+        if stats is not None:
+            stats["hierarchy"] = mode
+        if trial is not None:
+            self._timed(comm, key, mode, start, stats)
+        return tensor
+
+    def _mode(self, comm: Comm, topology: Topology, hierarchy: str) -> str:
+        """"flat", "node" or "auto" (still to be timed) for this topology; "node" on unequal nodes raises on
+        every rank (the topology is agreed)."""
+        g = topology.local_size
+        if g is None:
+            if hierarchy == "node":
+                raise MismatchError(f"zen: hierarchy='node' needs nodes of equal size; this group has "
+                                    f"{topology.describe()}. Use hierarchy='flat' (or 'auto', which falls back to it)")
+            if (comm, topology) not in self._warned:
+                self._warned.add((comm, topology))
+                warnings.warn(f"zen: hierarchy='auto' runs flat: {topology.describe()}", RuntimeWarning, stacklevel=4)
+            return "flat"
+        if hierarchy == "auto" and (g == 1 or len(topology.nodes) == 1):
+            return "flat"  # one rank per node, or one node: nothing to sum first
+        return hierarchy
+
+    def _next(self, key) -> tuple:
+        """(mode, whether this call is a trial) for an "auto" call."""
+        with self._lock:
+            history = self._trials.setdefault(key, _Trials())
+        phase = history.calls % self.recheck
+        history.calls += 1
+        if phase < 2 * self.trials:
+            if phase == 0:
+                history.times = {"node": [], "flat": []}
+            return ("node", "flat")[phase % 2], True
+        return history.choice, None
+
+    def _timed(self, comm: Comm, key, mode: str, start: float, stats: Optional[dict]) -> None:
+        """Record a trial call's time on the group (the same on every rank); after the last, pick."""
+        end = time.perf_counter()
+        rows = comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
+        seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows], [row[0] for row in rows])[0] / 1e9
+        history = self._trials[key]
+        history.times[mode].append(seconds)
+        if all(len(t) == self.trials for t in history.times.values()):
+            medians = {m: statistics.median(t) for m, t in history.times.items()}
+            history.choice = min(("node", "flat"), key=medians.get)
+            if stats is not None:
+                stats["hierarchy_medians"] = medians
+
+    def choice(self, comm: Comm, tensor, block_size: Optional[int] = None, local_size: Optional[int] = None):
+        """What ``"auto"`` picked for calls like this one on ``comm`` ("node" or "flat"; None while timing)."""
+        topology = self._topologies.get((comm, local_size))
+        history = self._trials.get((comm, topology.nodes if topology else None, _tensor_key(tensor), block_size))
+        return history.choice if history else None
+
+
+def _tensor_key(tensor) -> tuple:
+    if not isinstance(tensor, torch.Tensor):
+        return ()
+    return (tuple(tensor.shape), tensor.dtype, tensor.layout)
+
+
+POLICY = Hierarchy()
+
+
+def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments,
+              value_dtype) -> None:
+    """The three steps of the module docstring, for ``comm``'s rank in ``topology`` (equal nodes)."""
+    intra, cross = node_comms(comm, topology)
+    for sub in (intra, cross):
+        sub.check_usable()
+    name = str(scheme_name if scheme_name is not None else getattr(scheme, "name", None))
+    settings = scheme.agreement_settings() if scheme is not None else None
+    header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend,
+                                            allowed, block_size)
+    shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
+    node = topology.node_of(comm.rank)
+    try:
+        agreement.agree(intra, header, [], detail, shape, name)
+    except MismatchError as error:
+        # This node cannot go on; the other nodes learn it in their cross step's agreement (whose row holds a
+        # short text: the message without its explanations in parentheses).
+        text = _global_ranks(str(error).removeprefix("zen.all_reduce: "), intra)
+        forwarded = list(header)
+        forwarded[-1] = Problem.FAILED_BEFORE_EXCHANGE
+        try:
+            agreement.report(cross, forwarded, f"node {node}: " + re.sub(r" \([^()]*\)", "", text), shape=shape,
+                             scheme_name=name)
+        except MismatchError:
+            pass
+        raise MismatchError(f"zen.all_reduce: on node {node}: {text}") from None
+    except BaseException as error:  # noqa: B036  (the exchange itself failed)
+        intra.fail(error)
+        comm.fail(error)
+        raise
+    cross_stats = {}
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            if tensor.layout == torch.sparse_coo:
+                phases = _node_sparse(intra, cross, tensor, scheme, name, cross_stats, allowed, block_size)
+            else:
+                phases = _node_strided(intra, cross, tensor, scheme, name, cross_stats, allowed, block_size,
+                                       segments, value_dtype)
+    except MismatchError:
+        raise  # raised by the cross step's agreement, alike on every rank
+    except BaseException as error:  # noqa: B036  (part-way: the ranks are out of step)
+        for sub in (intra, cross, comm):
+            sub.fail(error)
+        raise
+    intra_bytes = phases.pop("intra_bytes")
+    result = dict(cross_stats, hierarchy="node", nodes=len(topology.nodes), local_size=len(topology.nodes[0]),
+                  inter_bytes=cross_stats.get("bytes_sent", 0), intra_bytes=intra_bytes,
+                  bytes_sent=cross_stats.get("bytes_sent", 0) + intra_bytes,
+                  phases=dict(phases, **{f"cross_{k}": v for k, v in cross_stats.get("phases", {}).items()}),
+                  seconds=time.perf_counter() - start)
+    comm.last_stats = result
+    if stats is not None:
+        stats.update(result)
+
+
+def _global_ranks(text: str, comm: Comm) -> str:
+    """``text`` with "rank q" (a rank of ``comm``) as "rank <global rank>"."""
+    return re.sub(r"\brank (\d+)", lambda m: f"rank {dist.get_global_rank(comm.group, int(m.group(1)))}", text)
+
+
+def _node_strided(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, block_size, segments,
+                  value_dtype) -> dict:
+    """Steps 1-3 on a strided tensor; returns the phases' seconds and the bytes sent inside the node."""
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+    chosen = segments
+    if chosen is None:
+        row = block_size or (tensor.shape[-1] if tensor.dim() > 1 and tensor.shape[-1] else 1)
+        chosen = [(0, flat.numel(), row)]
+    bounds = shard_bounds(chosen, intra.world)
+    lo, hi = bounds[intra.rank], bounds[intra.rank + 1]
+    t0 = time.perf_counter()
+    with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
+        intra.reduce_scatter(flat, bounds)
+    t1 = time.perf_counter()
+    shard = flat[lo:hi]
+    parts = shard_segments(chosen, lo, hi) if block_size is None else None
+    run_call(cross, shard, scheme, name, stats, allowed, block_size, parts or None, value_dtype=value_dtype,
+             whole=tensor)
+    t2 = time.perf_counter()
+    with intra.waiting_on("an all-gather inside the node", intra.others()):
+        intra.all_gather_parts(flat, bounds)
+    if not tensor.is_contiguous():
+        tensor.copy_(flat.view(tensor.shape))
+    t3 = time.perf_counter()
+    sent = (flat.numel() - (hi - lo)) * flat.element_size()  # the other shards, out and back
+    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2,
+                intra_bytes=sent + (hi - lo) * flat.element_size() * (intra.world - 1))
+
+
+def _node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, block_size) -> dict:
+    """Steps 1-3 on a sparse COO tensor, as rows of its dense dims; returns the phases' seconds and the
+    bytes sent inside the node."""
+    t = tensor.coalesce()
+    rows, values = sparse_rows(t)
+    num_rows = math.prod(t.shape[:t.sparse_dim()])
+    g, me = intra.world, intra.rank
+    bounds = [j * num_rows // g for j in range(g + 1)]
+    width = wire.row_width(values)
+    t0 = time.perf_counter()
+    # Step 1: rows of shard j to local rank j (rows ascending, so each shard's rows are consecutive).
+    counts = torch.bincount(torch.searchsorted(rows.new_tensor(bounds[1:-1]), rows, right=True), minlength=g).tolist()
+    matrix = intra.all_gather_rows(counts).tolist()  # matrix[q][j]: rows rank q sends to rank j
+    send, send_splits = wire.pack_coo_pieces(rows, values, counts)
+    si, sv = rows.element_size(), wire.entry_bytes(values)
+    recv_splits = [wire.coo_bytes(matrix[q][me], si, sv) for q in range(g)]
+    recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=values.device)
+    largest = max(wire.coo_bytes(c, si, sv) for row in matrix for c in row)
+    with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
+        intra.all_to_all(recv, send, recv_splits, send_splits, largest)
+    got = [wire.unpack_coo(piece, matrix[q][me], rows.dtype, values.dtype, width)
+           for q, piece in enumerate(wire.split(recv, recv_splits))]
+    ids, inverse = torch.unique(torch.cat([i for i, _ in got]), return_inverse=True)
+    summed = values.new_zeros((ids.numel(),) + tuple(values.shape[1:]))
+    summed.index_add_(0, inverse, torch.cat([v for _, v in got]))
+    t1 = time.perf_counter()
+    # Step 2: the shard's rows across the nodes.
+    dense_shape = tuple(t.shape[t.sparse_dim():])
+    shard = rows_to_sparse(ids - bounds[me], summed, (bounds[me + 1] - bounds[me],) + dense_shape, 1)
+    run_call(cross, shard, scheme, name, stats, allowed, block_size, whole=tensor)
+    t2 = time.perf_counter()
+    # Step 3: every rank's summed rows.
+    shard = shard.coalesce()
+    ids, summed = sparse_rows(shard)
+    ids = ids + bounds[me]
+    sizes = intra.all_gather_rows([ids.numel()]).view(-1).tolist()
+    piece = wire.pack_coo(ids, summed)
+    splits = [wire.coo_bytes(c, si, sv) for c in sizes]
+    gathered = torch.empty(sum(splits), dtype=torch.uint8, device=values.device)
+    with intra.waiting_on("an all-gather inside the node", intra.others()):
+        intra.all_gather_bytes(gathered, piece, splits)
+    got = [wire.unpack_coo(p, c, ids.dtype, summed.dtype, width) for p, c in zip(wire.split(gathered, splits), sizes)]
+    all_ids = torch.cat([i for i, _ in got])
+    all_values = torch.cat([v for _, v in got]).reshape((all_ids.numel(),) + dense_shape)
+    tensor.copy_(rows_to_sparse(all_ids, all_values, t.shape, t.sparse_dim()))
+    t3 = time.perf_counter()
+    intra_bytes = sum(send_splits) - send_splits[me] + piece.numel() * (g - 1)
+    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2, intra_bytes=intra_bytes)
