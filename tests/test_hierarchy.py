@@ -21,7 +21,7 @@ def _exact(rank, world, local_size):
     import zen
 
     zen.set_profile(**PROFILE)
-    failures, modes = [], set()
+    failures, modes, intra = [], set(), set()
 
     def check(label, x, **kwargs):
         want = x.clone() if x.layout == torch.strided else x.to_dense()
@@ -32,6 +32,8 @@ def _exact(rank, world, local_size):
         if not (got.dtype == want.dtype and torch.equal(got, want)):
             failures.append(f"{label}: max error {(got.double() - want.double()).abs().max().item()}")
         modes.add(stats.get("hierarchy"))
+        if x.layout == torch.strided and x.numel():
+            intra.add(stats.get("intra_sparse"))
         return stats
 
     for scheme in SCHEMES:
@@ -53,14 +55,15 @@ def _exact(rank, world, local_size):
     for dtype in (torch.float64, torch.float16, torch.bfloat16, torch.int64):
         check(f"{dtype}", make("uniform", 3000, 0.1, rank, world, seed=7, dtype=dtype), scheme="zen")
     stats = check("stats", make("uniform", 100000, 0.01, rank, world, seed=3), scheme="zen")
-    return failures, modes, {k: stats.get(k) for k in ("nodes", "local_size", "inter_bytes", "intra_bytes")}
+    return failures, modes, intra, {k: stats.get(k) for k in ("nodes", "local_size", "inter_bytes", "intra_bytes")}
 
 
 @pytest.mark.parametrize("world", [4, 6])
 def test_every_scheme_exact_across_nodes(world):
-    for failures, modes, stats in run_ranks(world, _exact, 2, timeout=900):
+    for failures, modes, intra, stats in run_ranks(world, _exact, 2, timeout=900):
         assert failures == []
         assert modes == {"node"}
+        assert intra == {True, False}  # sparse and dense steps inside the node both ran
         assert stats["nodes"] == world // 2 and stats["local_size"] == 2
         assert 0 < stats["inter_bytes"] and 0 < stats["intra_bytes"]
 

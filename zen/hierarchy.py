@@ -41,11 +41,11 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import agreement, wire
+from . import agreement, ops, wire
 from .agreement import MismatchError, Problem
 from .geometry import rows_to_sparse, sparse_rows
 from .measurement.timing import call_seconds, clock_id
-from .schemes.call import Segment, run_call
+from .schemes.call import Segment, decide_rows, run_call, scan_rows, segment_entries
 from .topology import Topology, detect, node_comms
 from .transport import Comm
 
@@ -207,8 +207,15 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
                                             allowed, block_size)
     shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
     node = topology.node_of(comm.rank)
+    scan = None
+    if not detail and tensor.layout == torch.strided and tensor.numel():
+        try:
+            scan = _Scan(tensor, segments, block_size)
+        except Exception as error:  # told to the node in its agreement, so every rank raises alike
+            header[-1] = Problem.FAILED_BEFORE_EXCHANGE
+            detail = f"{type(error).__name__}: {error}"
     try:
-        agreement.agree(intra, header, [], detail, shape, name)
+        rows = agreement.agree(intra, header, scan.counts if scan else [], detail, shape, name)
     except MismatchError as error:
         # This node cannot go on; the other nodes learn it in their cross step's agreement (whose row holds a
         # short text: the message without its explanations in parentheses).
@@ -231,9 +238,13 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
         with torch.no_grad():
             if tensor.layout == torch.sparse_coo:
                 phases = _node_sparse(intra, cross, tensor, scheme, name, cross_stats, allowed, block_size)
+            elif scan is None:  # nothing to sum: the cross step's agreement still checks every node
+                run_call(cross, tensor, scheme, name, cross_stats, allowed, block_size, whole=tensor)
+                phases = dict(intra_bytes=0)
             else:
-                phases = _node_strided(intra, cross, tensor, scheme, name, cross_stats, allowed, block_size,
-                                       segments, value_dtype)
+                scan.plan(rows, intra.world)
+                phases = _node_strided(intra, cross, tensor, scan, scheme, name, cross_stats, allowed,
+                                       block_size, value_dtype)
     except MismatchError:
         raise  # raised by the cross step's agreement, alike on every rank
     except BaseException as error:  # noqa: B036  (part-way: the ranks are out of step)
@@ -241,7 +252,7 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
             sub.fail(error)
         raise
     intra_bytes = phases.pop("intra_bytes")
-    result = dict(cross_stats, hierarchy="node", nodes=len(topology.nodes), local_size=len(topology.nodes[0]),
+    result = dict(cross_stats, hierarchy="node", intra_sparse=bool(scan and scan.sparse), nodes=len(topology.nodes), local_size=len(topology.nodes[0]),
                   inter_bytes=cross_stats.get("bytes_sent", 0), intra_bytes=intra_bytes,
                   bytes_sent=cross_stats.get("bytes_sent", 0) + intra_bytes,
                   phases=dict(phases, **{f"cross_{k}": v for k, v in cross_stats.get("phases", {}).items()}),
@@ -256,33 +267,182 @@ def _global_ranks(text: str, comm: Comm) -> str:
     return re.sub(r"\brank (\d+)", lambda m: f"rank {dist.get_global_rank(comm.group, int(m.group(1)))}", text)
 
 
-def _node_strided(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, block_size, segments,
+class _Scan:
+    """A strided tensor's non-zero entries, and how the node moves them: each segment (offset, numel, row size)
+    as rows of its row size or as elements, chosen on the node's counts (``zen.schemes.call.decide_rows``), and
+    the two steps inside the node sparse (each rank's entries of shard j to local rank j; the summed shards'
+    entries back) or dense (the shards themselves), whichever moves fewer bytes: sparse where the node's
+    entries (8-byte start, b values each) take fewer bytes than one copy of the tensor, sum_q E_q <= M s_v."""
+
+    def __init__(self, tensor, segments, block_size):
+        self.flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+        if block_size is not None:
+            segments = [(0, self.flat.numel(), block_size)]
+        elif segments is None:
+            segments = [(0, self.flat.numel(), tensor.shape[-1] if tensor.dim() > 1 and tensor.shape[-1] else 1)]
+        self.segments, self.forced = list(segments), block_size is not None
+        self.extracted, counts = scan_rows(self.flat, self.segments)
+        ones = sum(ops.count_nonzero(self.flat[o:o + n], 1)[0] for o, n, r in self.segments if r == 1)
+        self.counts = counts + [ones]  # per row size > 1: elements, rows; then the elements of row size 1
+
+    def plan(self, rows: torch.Tensor, local_size: int) -> None:
+        """The blocks and the mode, from every node rank's counts (``rows``), alike on the node's ranks."""
+        totals = rows.sum(dim=0).tolist()
+        flat, segments = self.flat, self.segments
+        self.blocks = [r for _, _, r in segments] if self.forced else decide_rows(totals[:-1], flat, segments)
+        sizes = sorted({r for _, _, r in segments if r > 1})
+        as_rows = {r for (_, _, r), b in zip(segments, self.blocks) if b == r > 1}
+        s_v = flat.element_size()
+        entry_bytes = 0
+        for row in rows.tolist():
+            entry_bytes += row[-1] * (8 + s_v)
+            for g, size in enumerate(sizes):
+                entry_bytes += row[2 * g + 1] * (8 + size * s_v) if size in as_rows else row[2 * g] * (8 + s_v)
+        self.sparse = local_size > 1 and entry_bytes <= flat.numel() * s_v
+        self.bounds = shard_bounds(segments, local_size)
+
+    def entries(self, lo: int = 0, hi: Optional[int] = None, rescan: bool = False) -> dict:
+        """{b: (starts, values)}: the entries of [lo, hi) by block size b (starts: int64 element offsets of
+        ``flat``, ascending; values [k] or [k, b]); ``rescan``: of the tensor now, not as first scanned."""
+        hi = self.flat.numel() if hi is None else hi
+        groups = {}
+        for i, (segment, b) in enumerate(zip(self.segments, self.blocks)):
+            offset, numel, row = segment
+            part = shard_segments([segment], lo, hi)
+            if not part:
+                continue
+            begin = lo + part[0][0]
+            if rescan or part[0][1] != numel:
+                ids, values = ops.nonzero_rows(self.flat[begin:begin + part[0][1]], b)
+            else:
+                ids, values = segment_entries(self.flat, segment, b, self.extracted[i])
+            starts = begin + ids.to(torch.int64) * b
+            groups.setdefault(b, []).append((starts, values))
+        empty = self.flat[:0]
+        for b in set(self.blocks):  # every block size, so that every rank's counts have the same length
+            groups.setdefault(b, []).append((empty.new_empty(0, dtype=torch.int64),
+                                             empty if b == 1 else empty.new_empty(0, b)))
+        return {b: (torch.cat([s for s, _ in parts]), torch.cat([v for _, v in parts]))
+                for b, parts in sorted(groups.items())}
+
+
+def _positions(starts: torch.Tensor, b: int) -> torch.Tensor:
+    """The element offsets of entries of b values starting at ``starts``."""
+    return starts if b == 1 else (starts[:, None] + torch.arange(b, device=starts.device)).reshape(-1)
+
+
+def _pack(groups: dict, cuts) -> tuple:
+    """The pieces of ``groups`` ({b: (starts, values)}) for each part j (entries of [cuts[j], cuts[j+1])), each
+    piece the COO pieces of the block sizes in order; returns (buffer, byte splits, counts row: per part, per b)."""
+    pieces, counts = [[] for _ in range(len(cuts) - 1)], []
+    for b, (starts, values) in groups.items():
+        owner = torch.searchsorted(starts.new_tensor(cuts[1:-1]), starts, right=True)
+        per = torch.bincount(owner, minlength=len(cuts) - 1).tolist()
+        buf, splits = wire.pack_coo_pieces(starts, values, per)
+        for j, piece in enumerate(wire.split(buf, splits)):
+            pieces[j].append(piece)
+        counts.append(per)
+    counts = [c for j in range(len(cuts) - 1) for c in (per[j] for per in counts)]
+    parts = [torch.cat(p) if p else torch.empty(0, dtype=torch.uint8) for p in pieces]
+    return torch.cat(parts), [p.numel() for p in parts], counts
+
+
+def _unpack(buf: torch.Tensor, counts, sizes, dtype) -> list:
+    """[(b, starts, values)] of one rank's piece of :func:`_pack` (``counts``: per block size in ``sizes``)."""
+    out, at = [], 0
+    for b, count in zip(sizes, counts):
+        nbytes = wire.coo_bytes(count, 8, b * torch.empty(0, dtype=dtype).element_size())
+        out.append((b,) + wire.unpack_coo(buf[at:at + nbytes], count, torch.int64, dtype, b))
+        at += nbytes
+    return out
+
+
+def _touched_rows(flat: torch.Tensor, lo: int, parts, starts: torch.Tensor) -> tuple:
+    """What ``zen.schemes.call.scan_rows`` finds in the shard at ``lo`` (its segments ``parts``), from ``starts``:
+    the element offsets in ``flat`` of every entry summed into the shard (so every non-zero lies in an entry
+    starting there): the rows they touch, less those that summed to zero."""
+    sizes = sorted({row for _, _, row in parts if row > 1})
+    counts, extracted = [0] * (2 * len(sizes)), []
+    for offset, numel, row in parts:
+        if row == 1:
+            extracted.append(None)
+            continue
+        begin = lo + offset
+        inside = starts[(starts >= begin) & (starts < begin + numel)]
+        ids = torch.unique(torch.div(inside - begin, row, rounding_mode="floor"))
+        rows = flat[begin:begin + numel].view(-1, row)[ids]
+        nonzero = rows != 0
+        kept = nonzero.any(dim=1)
+        ids, rows = ids[kept], rows[kept]
+        extracted.append((ids.to(wire.index_dtype(numel // row)), rows))
+        g = sizes.index(row)
+        counts[2 * g] += int(nonzero.sum())
+        counts[2 * g + 1] += ids.numel()
+    return extracted, counts
+
+
+def _node_strided(intra: Comm, cross: Comm, tensor, scan: _Scan, scheme, name, stats, allowed, block_size,
                   value_dtype) -> dict:
-    """Steps 1-3 on a strided tensor; returns the phases' seconds and the bytes sent inside the node."""
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    chosen = segments
-    if chosen is None:
-        row = block_size or (tensor.shape[-1] if tensor.dim() > 1 and tensor.shape[-1] else 1)
-        chosen = [(0, flat.numel(), row)]
-    bounds = shard_bounds(chosen, intra.world)
-    lo, hi = bounds[intra.rank], bounds[intra.rank + 1]
+    """Steps 1-3 on a strided tensor (sparse or dense inside the node, as ``scan`` planned); returns the
+    phases' seconds and the bytes sent inside the node."""
+    flat, bounds, g, me = scan.flat, scan.bounds, intra.world, intra.rank
+    lo, hi = bounds[me], bounds[me + 1]
+    sizes = sorted(set(scan.blocks))
     t0 = time.perf_counter()
-    with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
-        intra.reduce_scatter(flat, bounds)
+    if scan.sparse:  # each rank's entries of shard j to local rank j, which adds them to its own
+        mine = scan.entries()
+        send, send_splits, counts = _pack(mine, bounds)
+        matrix = intra.all_gather_rows(counts).view(g, g, -1)  # [sender, owner, block size]
+        recv_counts = [matrix[q, me].tolist() for q in range(g)]
+        recv_splits = [sum(wire.coo_bytes(c, 8, b * flat.element_size()) for b, c in zip(sizes, row))
+                       for row in recv_counts]
+        largest = max(sum(wire.coo_bytes(c, 8, b * flat.element_size()) for b, c in zip(sizes, matrix[q, j].tolist()))
+                      for q in range(g) for j in range(g))
+        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=flat.device)
+        with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
+            intra.all_to_all(recv, send, recv_splits, send_splits, largest)
+        touched = [starts[(starts >= lo) & (starts < hi)] for starts, _ in mine.values()]
+        for q, piece in enumerate(wire.split(recv, recv_splits)):
+            if q != me:
+                for b, starts, values in _unpack(piece, recv_counts[q], sizes, flat.dtype):
+                    flat.index_add_(0, _positions(starts, b), values.reshape(-1))
+                    touched.append(starts)
+        intra_bytes = sum(send_splits) - send_splits[me]
+    else:
+        with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
+            intra.reduce_scatter(flat, bounds)
+        intra_bytes = (flat.numel() - (hi - lo)) * flat.element_size()
     t1 = time.perf_counter()
-    shard = flat[lo:hi]
-    parts = shard_segments(chosen, lo, hi) if block_size is None else None
-    run_call(cross, shard, scheme, name, stats, allowed, block_size, parts or None, value_dtype=value_dtype,
-             whole=tensor)
+    parts = shard_segments(scan.segments, lo, hi) if block_size is None else None
+    # The shard's non-zero rows are among those the node's entries touched: found there, not by a scan.
+    scanned = _touched_rows(flat, lo, parts, torch.cat(touched)) if scan.sparse and parts else None
+    run_call(cross, flat[lo:hi], scheme, name, stats, allowed, block_size, parts or None, value_dtype=value_dtype,
+             whole=tensor, scanned=scanned)
     t2 = time.perf_counter()
-    with intra.waiting_on("an all-gather inside the node", intra.others()):
-        intra.all_gather_parts(flat, bounds)
+    if scan.sparse:  # the summed shards' entries to every rank, which clears its own entries of the others first
+        summed = scan.entries(lo, hi, rescan=True)
+        piece, _, counts = _pack(summed, [lo, hi])
+        rows = intra.all_gather_rows(counts).tolist()
+        splits = [sum(wire.coo_bytes(c, 8, b * flat.element_size()) for b, c in zip(summed, row)) for row in rows]
+        gathered = torch.empty(sum(splits), dtype=torch.uint8, device=flat.device)
+        with intra.waiting_on("an all-gather inside the node", intra.others()):
+            intra.all_gather_bytes(gathered, piece, splits)
+        for b, (starts, _) in mine.items():
+            outside = (starts < lo) | (starts >= hi)
+            flat.index_fill_(0, _positions(starts[outside], b), 0)
+        for q, part in enumerate(wire.split(gathered, splits)):
+            if q != me:
+                for b, starts, values in _unpack(part, rows[q], list(summed), flat.dtype):
+                    flat.index_copy_(0, _positions(starts, b), values.reshape(-1))
+        intra_bytes += piece.numel() * (g - 1)
+    else:
+        with intra.waiting_on("an all-gather inside the node", intra.others()):
+            intra.all_gather_parts(flat, bounds)
+        intra_bytes += (hi - lo) * flat.element_size() * (g - 1)
     if not tensor.is_contiguous():
         tensor.copy_(flat.view(tensor.shape))
     t3 = time.perf_counter()
-    sent = (flat.numel() - (hi - lo)) * flat.element_size()  # the other shards, out and back
-    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2,
-                intra_bytes=sent + (hi - lo) * flat.element_size() * (intra.world - 1))
+    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2, intra_bytes=intra_bytes)
 
 
 def _node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, block_size) -> dict:

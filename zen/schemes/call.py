@@ -23,7 +23,7 @@ Segment = Tuple[int, int, int]  # (offset, numel, row size) of a part of a flat 
 def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str] = None,
              stats: Optional[dict] = None, allowed: Sequence[str] = (), block_size: Optional[int] = None,
              segments: Optional[Sequence[Segment]] = None, keep: Optional[int] = None,
-             value_dtype: Optional[torch.dtype] = None, whole: Optional[torch.Tensor] = None):
+             value_dtype: Optional[torch.dtype] = None, whole: Optional[torch.Tensor] = None, scanned=None):
     """Run one all-reduce on the calling thread (which must be the group's lane). In place; returns tensor.
 
     ``scheme``: a scheme instance, or None when ``scheme_name`` named no scheme (``allowed``: the names that
@@ -35,6 +35,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     sum are then in ``stats["kept"]`` (absent where every entry did). ``value_dtype``: the dtype values
     travel in (:attr:`Call.value_dtype`; the caller checks that the scheme supports it). ``whole``: where
     ``tensor`` is a part of a tensor (a hierarchical call's shard), that tensor: the agreement checks it.
+    ``scanned``: what :func:`scan_rows` would find in ``segments``, where the caller knows it already.
     A sparse COO tensor travels as rows of its dense dims. Errors: bad input -> :class:`MismatchError` on
     every rank; a failure part-way -> the error here, and :class:`zen.BrokenGroupError` for every later
     call on the group."""
@@ -55,7 +56,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     agreements = comm.agreements
     try:
         with torch.no_grad():
-            _reduce(call, scheme, tensor, block_size, segments)
+            _reduce(call, scheme, tensor, block_size, segments, scanned)
     except MismatchError:
         raise  # raised by the agreement, alike on every rank: the group is still in step
     except Exception as error:
@@ -74,7 +75,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     return tensor
 
 
-def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int], segments) -> None:
+def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int], segments, scanned=None) -> None:
     if tensor.numel() == 0:
         call.agree([])  # nothing to sum; the agreement still checks that every rank has nothing
     elif tensor.layout == torch.sparse_coo:
@@ -84,7 +85,7 @@ def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int],
         if segments is None:
             row = block_size or (tensor.shape[-1] if tensor.dim() > 1 else 1)
             segments = [(0, flat.numel(), row)]
-        reduce_segments(call, scheme, flat, segments, chosen=block_size is None)
+        reduce_segments(call, scheme, flat, segments, chosen=block_size is None, scanned=scanned)
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))
 
@@ -147,13 +148,15 @@ class _ChoiceChanged(Exception):
     """Raised alike on every rank by the agreement when the agreed block sizes differ from the expected ones."""
 
 
-def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[Segment], chosen: bool) -> None:
+def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[Segment], chosen: bool,
+                    scanned=None) -> None:
     """Sum the segments of ``flat`` in place, each as elements or rows (``chosen``: choose per call, else each
     as rows of its row size); segments of one block size are reduced together, by one run of the scheme.
 
     The choice costs no round of its own: the scheme runs with the block sizes agreed on the previous call of
     the same segments (rows, on the first), and this call's counts ride in its agreement. Where the agreed
-    choice differs (every rank sees it there), every rank starts the scheme over with it, once."""
+    choice differs (every rank sees it there), every rank starts the scheme over with it, once. ``scanned``:
+    :func:`scan_rows`'s result, where the caller has it."""
     if not (chosen and any(row > 1 for _, _, row in segments)):
         if len(segments) == 1:  # nothing to choose: the scheme scans the tensor itself
             call.block_size = segments[0][2]
@@ -165,7 +168,7 @@ def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[S
         return
     key = (tuple(segments), flat.dtype)
     expected = call.comm.row_choices.get(key, [row for _, _, row in segments])
-    extracted, counts = scan_rows(flat, segments)
+    extracted, counts = scanned if scanned is not None else scan_rows(flat, segments)
     call.mark("scan")
     agreed = []
 
