@@ -210,3 +210,21 @@ def test_bad_settings():
         zen.ZenState(hierarchy="nodes")
     with pytest.raises(ValueError, match="local_size"):
         zen.ZenState(local_size=0)
+
+
+def _predict(rank, world):
+    import zen
+
+    zen.set_profile(**PROFILE)
+    x = make("uniform", 200000, 0.01, rank, world, seed=1).view(-1, 50)
+    return zen.predict(x, hierarchy="both", local_size=2)
+
+
+def test_predict_shows_both_options():
+    results = run_ranks(4, _predict, timeout=600)
+    for both in results:
+        assert set(both) == {"flat", "node"}
+        for times in both.values():
+            assert set(times) >= {"dense", "zen", "auto"} and all(t > 0 for t in times.values())
+            assert times["auto"] == min(t for name, t in times.items() if name != "auto")
+    assert all(both == results[0] for both in results)  # every rank predicts alike

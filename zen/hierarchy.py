@@ -210,7 +210,7 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
     scan = None
     if not detail and tensor.layout == torch.strided and tensor.numel():
         try:
-            scan = _Scan(tensor, segments, block_size)
+            scan = Scan(tensor, segments, block_size)
         except Exception as error:  # told to the node in its agreement, so every rank raises alike
             header[-1] = Problem.FAILED_BEFORE_EXCHANGE
             detail = f"{type(error).__name__}: {error}"
@@ -267,7 +267,7 @@ def _global_ranks(text: str, comm: Comm) -> str:
     return re.sub(r"\brank (\d+)", lambda m: f"rank {dist.get_global_rank(comm.group, int(m.group(1)))}", text)
 
 
-class _Scan:
+class Scan:
     """A strided tensor's non-zero entries, and how the node moves them: each segment (offset, numel, row size)
     as rows of its row size or as elements, chosen on the node's counts (``zen.schemes.call.decide_rows``), and
     the two steps inside the node sparse (each rank's entries of shard j to local rank j; the summed shards'
@@ -293,12 +293,13 @@ class _Scan:
         sizes = sorted({r for _, _, r in segments if r > 1})
         as_rows = {r for (_, _, r), b in zip(segments, self.blocks) if b == r > 1}
         s_v = flat.element_size()
-        entry_bytes = 0
+        self.entry_bytes = []  # per node rank: its entries' bytes on the wire
         for row in rows.tolist():
-            entry_bytes += row[-1] * (8 + s_v)
+            nbytes = row[-1] * (8 + s_v)
             for g, size in enumerate(sizes):
-                entry_bytes += row[2 * g + 1] * (8 + size * s_v) if size in as_rows else row[2 * g] * (8 + s_v)
-        self.sparse = local_size > 1 and entry_bytes <= flat.numel() * s_v
+                nbytes += row[2 * g + 1] * (8 + size * s_v) if size in as_rows else row[2 * g] * (8 + s_v)
+            self.entry_bytes.append(nbytes)
+        self.sparse = local_size > 1 and sum(self.entry_bytes) <= flat.numel() * s_v
         self.bounds = shard_bounds(segments, local_size)
 
     def entries(self, lo: int = 0, hi: Optional[int] = None, rescan: bool = False) -> dict:
@@ -381,7 +382,7 @@ def _touched_rows(flat: torch.Tensor, lo: int, parts, starts: torch.Tensor) -> t
     return extracted, counts
 
 
-def _node_strided(intra: Comm, cross: Comm, tensor, scan: _Scan, scheme, name, stats, allowed, block_size,
+def _node_strided(intra: Comm, cross: Comm, tensor, scan: Scan, scheme, name, stats, allowed, block_size,
                   value_dtype) -> dict:
     """Steps 1-3 on a strided tensor (sparse or dense inside the node, as ``scan`` planned); returns the
     phases' seconds and the bytes sent inside the node."""

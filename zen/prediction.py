@@ -33,7 +33,7 @@ from . import cost, wire
 from .agreement import MismatchError, inspect_call
 from .cost import Profile, Workload, node_phases
 from .geometry import sparse_rows
-from .hierarchy import POLICY, check_hierarchy, shard_bounds
+from .hierarchy import POLICY, Scan, check_hierarchy
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
 from .measurement.workload import measure_now
@@ -118,17 +118,24 @@ def _node_times(tensor, group, local_size, block_size) -> Optional[Dict[str, flo
         if topology.local_size is None:
             raise MismatchError(f"zen.predict: hierarchy='node' needs nodes of equal size; {topology.describe()}")
         intra, cross = node_comms(comm, topology)
-        flat = tensor.detach().reshape(-1).clone()
-        row = tensor.shape[-1] if tensor.dim() > 1 and tensor.shape[-1] else 1
-        bounds = shard_bounds([(0, flat.numel(), row)], intra.world)
-        intra.reduce_scatter(flat, bounds)
-        shard = flat[bounds[intra.rank]:bounds[intra.rank + 1]]
+        # What the node call does inside the node: its plan from every node rank's counts, then the sum of
+        # the shards (here dense, on a copy: the same sums).
+        scan = Scan(tensor.detach().clone(), None, None)
+        scan.plan(intra.all_gather_rows(scan.counts), intra.world)
+        flat = scan.flat
+        intra.reduce_scatter(flat, scan.bounds)
+        shard = flat[scan.bounds[intra.rank]:scan.bounds[intra.rank + 1]]
         workload, cross_profile = _measure_on(cross, header, shard, tensor, block_size, want_profile=True)
         intra_profile = cached_profile(intra.user_group)
         if intra_profile is None:
             intra_profile = set_profile(intra.user_group, probe_now(intra))
-        steps = sum(node_phases(flat.numel(), flat.element_size(), intra.world, intra_profile).values())
-        return {name: t + steps for name, t in predict_times(workload, cross_profile).items()}
+        shard_bytes = sum(workload.nnz) / workload.n * (8 + workload.value_size)
+        steps = node_phases(flat.numel(), flat.element_size(), intra.world, intra_profile,
+                            max(scan.entry_bytes) if scan.sparse else None, shard_bytes)
+        times = {name: t + sum(steps.values()) for name, t in predict_times(workload, cross_profile).items()}
+        # The call ends with its slowest node and cross group: the largest over the ranks, the same on all.
+        slowest = comm.all_gather_rows([round(t * 1e12) for t in times.values()]).max(dim=0).values
+        return {name: t / 1e12 for name, t in zip(times, slowest.tolist())}
 
     return comm.submit(job).wait()
 
