@@ -135,7 +135,8 @@ def _node_times(tensor, group, local_size, block_size) -> Optional[Dict[str, flo
         times = {name: t + sum(steps.values()) for name, t in predict_times(workload, cross_profile).items()}
         # The call ends with its slowest node and cross group: the largest over the ranks, the same on all.
         slowest = comm.all_gather_rows([round(t * 1e12) for t in times.values()]).max(dim=0).values
-        return {name: t / 1e12 for name, t in zip(times, slowest.tolist())}
+        times = {name: t / 1e12 for name, t in zip(times, slowest.tolist()) if name != "auto"}
+        return dict(times, auto=min(times.values()))
 
     return comm.submit(job).wait()
 
