@@ -104,7 +104,7 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
     R_nz (b s_v + s_i) < nnz (s_v + s_i) (an embedding gradient), else elements (a top-k gradient). An int
     forces b; it must divide the tensor. A sparse COO tensor always travels as rows of its dense dims.
 
-    ``hierarchy`` (:mod:`zen.hierarchy`): "node" sums inside each node first (dense, over its fast links), then
+    ``hierarchy`` (:mod:`zen.hierarchy`): "node" sums inside each node first (over its fast links), then
     runs ``scheme`` across the nodes, each local rank on its own shard, then gathers inside the node; "flat"
     runs ``scheme`` over all ranks; "auto" (default) times both on the first calls and keeps the faster (flat
     where the group is one node or one rank per node). ``local_size``: ranks per node; None finds it

@@ -1,4 +1,4 @@
-"""Multi-rank nodes: dense inside a node, sparse across nodes (``hierarchy="node"``), the flat protocol
+"""Multi-rank nodes: summed inside a node first, sparse across nodes (``hierarchy="node"``), the flat protocol
 (``"flat"``), or whichever runs faster (``"auto"``).
 
 With N nodes of G ranks (:mod:`zen.topology`), a node call on a tensor of M values runs three steps:
@@ -15,8 +15,9 @@ local rank l, which sums them; step 2 reduces the shard's rows; step 3 gathers t
 
 Across the network a node sends its shards' union instead of its G ranks' entries: where the ranks of a node
 share indices (the same words in a batch) the node sends fewer bytes, and each rank pulls only 1/G of the
-union. What a node call costs beyond the cross step is the two dense steps on the fast links (s_v M bytes
-per rank in all, :func:`zen.cost.terms.node_phases`).
+union. What a node call costs beyond the cross step is the two steps on the fast links: dense (s_v M bytes
+per rank in all), or sparse (each rank's entries, then the summed shards' entries) where the node's entries
+take fewer bytes than the tensor (:class:`Scan`, :func:`zen.cost.terms.node_phases`).
 
 Errors as in the flat call: bad input on any rank makes every rank raise a :class:`zen.MismatchError`. The
 node's agreement (on its fast links) comes first; a node that fails it reports to the other nodes in the

@@ -77,7 +77,7 @@ class ZenState:
             ``fp16_compress_hook``). ``scheme`` "zen" or "dense" only. None (default): the gradient's dtype.
 
     Multi-rank nodes (:mod:`zen.hierarchy`):
-        hierarchy: "node": each bucket is summed inside the node first (dense, on the fast links), then across
+        hierarchy: "node": each bucket is summed inside the node first (on the fast links), then across
             the nodes by ``scheme``, each local rank on its own shard, then gathered inside the node; "flat":
             ``scheme`` over all ranks; "auto" (default): both timed on the first steps, the faster kept (flat on
             one node or with one rank per node). Not with ``global_topk``.
