@@ -109,7 +109,8 @@ def _sparse_coo(rank, world):
 
     g = torch.Generator().manual_seed(rank)
     rows = torch.randint(0, 50, (8,), generator=g)
-    t = torch.sparse_coo_tensor(rows[None], torch.randint(-4, 4, (8, 3), generator=g).float(), (50, 3)).coalesce()
+    t = torch.sparse_coo_tensor(rows[None], torch.randint(-4, 4, (8, 3), generator=g).float(), (50, 3),
+                                check_invariants=True).coalesce()
     ref = t.to_dense()
     dist.all_reduce(ref)
     zen.all_reduce(t)

@@ -48,7 +48,7 @@ def _exact(rank, world, local_size):
         # sparse COO with duplicate rows and two dense dims
         rows = torch.tensor([3, 0, 3, 49, 3, rank + 5])
         values = (torch.arange(rows.numel() * 8, dtype=torch.float32).view(-1, 4, 2) % 7 - 3) * 0.5
-        sparse = torch.sparse_coo_tensor(rows[None], values, (50, 4, 2))
+        sparse = torch.sparse_coo_tensor(rows[None], values, (50, 4, 2), check_invariants=True)
         check(f"coo/{scheme}", sparse, scheme=scheme)
         if not sparse.is_coalesced() or sparse.values().shape[1:] != (4, 2):
             failures.append(f"coo/{scheme}: result not a coalesced [k, 4, 2] sparse tensor")
