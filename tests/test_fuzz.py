@@ -159,6 +159,33 @@ def test_dense_round_trip(numel, val_dtype, seed):
     assert bits_of(wire.unpack_dense(buf, numel, val_dtype)) == bits_of(values)
 
 
+@given(st.binary(max_size=300), st.integers(16, 400), counts, st.integers(-1, 3))
+def test_slotted_round_trip(piece, slot, count, fmt):
+    """A SLOTTED message: the header in the first 16 bytes, the first part exactly ``slot`` bytes (zeros after
+    a short piece), the rest what did not fit; joined, the piece's bytes come back."""
+    first, rest = wire.pack_slotted(count, fmt, raw(piece), slot)
+    head = struct.pack("<qq", count, fmt)
+    assert first.numel() == slot and bits_of(first[:16]) == head
+    assert bits_of(first[16:]) + bits_of(rest) == piece + bytes(max(0, slot - 16 - len(piece)))
+    assert rest.numel() == wire.slotted_rest_bytes(slot, len(piece)) == max(0, 16 + len(piece) - slot)
+    assert wire.slotted_header(first) == (count, fmt)
+    assert bits_of(wire.join_slotted(first, rest, len(piece))) == piece
+
+
+@given(st.binary(max_size=64), st.binary(max_size=64), st.integers(0, 100))
+def test_slotted_hostile_parts(first, rest, piece_bytes):
+    """A first part shorter than the header, or a second part of the wrong length, is a clean ValueError."""
+    if len(first) < 16:
+        with pytest.raises(ValueError, match="header"):
+            wire.slotted_header(raw(first))
+        return
+    assert wire.slotted_header(raw(first)) == struct.unpack("<qq", first[:16])
+    valid = len(rest) == max(0, 16 + piece_bytes - len(first))
+    got = judged(valid, lambda: wire.join_slotted(raw(first), raw(rest), piece_bytes), ValueError)
+    if valid:
+        assert bits_of(got) == (first[16:] + rest)[:piece_bytes]
+
+
 # --- wire: unpacking hostile bytes --------------------------------------------------------------------------
 def draw_bytes(data, expected: int) -> bytes:
     """Random bytes of the length the format expects (so that valid pieces come up often), a few bytes off

@@ -18,6 +18,13 @@ empty (0 bytes): the receiver knows the count beforehand.
 
 SparCML's point-to-point messages are a STEP_HEADER, [count, format] as two int64 (``step_header``),
 followed by a COO or DENSE piece; the header is left out where the receiver already knows the count.
+
+zen's pull messages are SLOTTED: a STEP_HEADER and a COO or BITMAP piece, cut at a slot size that every
+rank computes beforehand (so no round is spent on exchanging sizes). The first ``slot`` bytes go in one
+message, zero-padded to exactly ``slot`` when the message is shorter; what exceeds the slot goes in a second
+message, whose size the receiver reads from the header in the first:
+
+    SLOTTED [ count, format : 16 bytes | piece ... | zeros to slot ]  [ the rest of the piece, if any ]
 """
 import torch
 
@@ -141,6 +148,45 @@ def piece_bytes(fmt: int, count: int, numel: int, index_size: int, value_size: i
 
 def step_header(count: int, fmt: int, device=None) -> torch.Tensor:
     return torch.tensor([count, fmt], dtype=torch.int64, device=device)
+
+
+HEADER_BYTES = 16
+
+
+def pack_slotted(count: int, fmt: int, piece: torch.Tensor, slot: int) -> tuple:
+    """A SLOTTED message of ``piece`` cut at ``slot`` bytes (at least HEADER_BYTES): (first, rest), first
+    exactly ``slot`` bytes, rest the bytes that did not fit (empty when none)."""
+    if slot < HEADER_BYTES:
+        raise ValueError(f"zen: a slot of {slot} bytes cannot hold the {HEADER_BYTES}-byte header")
+    first = torch.zeros(slot, dtype=torch.uint8, device=piece.device)
+    first[:HEADER_BYTES] = _as_bytes(step_header(count, fmt, piece.device))
+    fits = min(piece.numel(), slot - HEADER_BYTES)
+    first[HEADER_BYTES:HEADER_BYTES + fits] = piece[:fits]
+    return first, piece[fits:]
+
+
+def slotted_header(first: torch.Tensor) -> tuple:
+    """(count, format) from the first part of a SLOTTED message."""
+    if first.numel() < HEADER_BYTES:
+        raise ValueError(f"zen: truncated slotted message: {first.numel()} bytes, the header needs {HEADER_BYTES}")
+    count, fmt = first[:HEADER_BYTES].clone().view(torch.int64).tolist()
+    return count, fmt
+
+
+def slotted_rest_bytes(slot: int, piece_bytes: int) -> int:
+    """Bytes of a SLOTTED message's second part: what of the header and the piece exceeds the slot."""
+    return max(0, HEADER_BYTES + piece_bytes - slot)
+
+
+def join_slotted(first: torch.Tensor, rest: torch.Tensor, piece_bytes: int) -> torch.Tensor:
+    """The piece (``piece_bytes`` bytes) from the two parts of a SLOTTED message; a view where it fit the slot."""
+    if rest.numel() != slotted_rest_bytes(first.numel(), piece_bytes):
+        raise ValueError(f"zen: slotted message of a {piece_bytes}-byte piece in a {first.numel()}-byte slot "
+                         f"needs a second part of {slotted_rest_bytes(first.numel(), piece_bytes)} bytes, "
+                         f"got {rest.numel()}")
+    if not rest.numel():
+        return first[HEADER_BYTES:HEADER_BYTES + piece_bytes]
+    return torch.cat([first[HEADER_BYTES:], rest])
 
 
 def pack_dense(values: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,10 @@ Every rank is the server of one partition of the index space, chosen by the leve
 3. push: all-to-all, piece j to rank j, so equal indices meet on one server;
 4. aggregate: server j sums what it received into U_j, the union of its partition;
 5. pull: every server sends U_j to all, as COO indices or as a hash bitmap over
-   I_j = {i : h0(i) = j}, whichever is smaller; every rank writes the union into its output.
+   I_j = {i : h0(i) = j}, whichever is smaller; every rank writes the union into its output. The pieces go
+   in slots that every rank sizes alike from the agreed counts and the previous call's gamma
+   (:func:`pull_slot_count`), headed by their count and format (``wire`` SLOTTED): no round is spent on
+   exchanging their sizes, and only a union that outgrows its slot sends a second message.
 
 With n ranks, M elements, density d, union growth gamma = |U| / (M d) and partition imbalance lambda,
 each rank sends (n-1)/n * lambda * M d (s_i + s_v) bytes in the push and
@@ -39,6 +42,21 @@ def check_settings(owner: str, num_probes, table_factor, serial_factor, dense_th
 def _pull_piece(count: float, w: Workload) -> float:
     """zen's pull piece for |U_j| = count: the smaller of COO and the hash bitmap over I_j (|I_j| ~ M/n)."""
     return min(terms.coo(count, w), count * w.value_size + w.numel / w.n / 8.0)
+
+
+def pull_slot_count(bound: int, gamma: float, n: int) -> int:
+    """Entries that owner j's pull slot holds. |U_j| <= ``bound`` (the pairs it received, R_j, or fewer where
+    global top-k keeps fewer), and the union is expected at U_j ~ R_j gamma / n, gamma = U / mean k from the
+    previous call of the shape (n on the first: the slot is then the bound). The slot leaves room for 3% and
+    3 standard deviations more; a union that outgrows it sends the rest in a second message."""
+    expected = bound * min(max(gamma, 1.0), n) / n
+    return min(bound, math.ceil(1.03 * expected + 3.0 * math.sqrt(expected) + 8))
+
+
+def _pull_slots(w: Workload):
+    """The pull's slot bytes per owner, sized as a call sizes them, with (in steady state) the shape's own gamma."""
+    received = [sum(row[j] for row in w.hash_counts) for j in range(w.n)]
+    return [wire.HEADER_BYTES + _pull_piece(pull_slot_count(x, w.gamma, w.n), w) for x in received]
 
 
 class BalancedParallelism(Scheme):
@@ -129,23 +147,37 @@ class BalancedParallelism(Scheme):
             union_idx, union_val = self._keep_largest(union_idx, union_val, math.ceil(call.keep / n))
         call.mark("aggregate")
 
-        # 5. pull, in the smaller format.
+        # 5. pull, in the smaller format, in slots every rank sized beforehand from the counts (no round for sizes).
         payload, fmt = self._encode_pull(comm, union_idx, union_val.to(on_wire), numel, si, sv)
         call.mark("encode")
-        sizes = self._exchange_pull_sizes(comm, union_idx.numel(), fmt, payload.numel())
-        pull_splits = [s[2] for s in sizes]
-        pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=payload.device)
-        comm.all_gather_bytes(pulled, payload, pull_splits)
+        received = [sum(counts[p][j] for p in range(n)) for j in range(n)]
+        bounds = received if call.keep is None else [min(r, math.ceil(call.keep / n)) for r in received]
+        slots = [wire.HEADER_BYTES + self._pull_bytes(comm, pull_slot_count(b, gamma, n), j, numel, si, sv,
+                                                      union_idx.device) for j, b in enumerate(bounds)]
+        first, rest = wire.pack_slotted(union_idx.numel(), fmt, payload, slots[me])
+        pulled = torch.empty(sum(slots), dtype=torch.uint8, device=payload.device)
+        comm.all_gather_bytes(pulled, first, slots)
+        firsts = wire.split(pulled, slots)
+        headers = [self._pull_header(first_j, j, bounds[j]) for j, first_j in enumerate(firsts)]
+        piece_bytes = [self._pull_bytes(comm, count, j, numel, si, sv, pulled.device, fmt_j)
+                       for j, (count, fmt_j) in enumerate(headers)]
+        rest_splits = [wire.slotted_rest_bytes(slot, b) for slot, b in zip(slots, piece_bytes)]
+        rest_buf = torch.empty(sum(rest_splits), dtype=torch.uint8, device=pulled.device)
+        if any(rest_splits):  # a union outgrew its slot: its rest follows, sized by the headers above
+            comm.all_gather_bytes(rest_buf, rest, rest_splits)
+        rests = wire.split(rest_buf, rest_splits)
         call.mark("pull")
 
-        union = sum(s[0] for s in sizes)
+        union = sum(count for count, _ in headers)
         mean_nnz = sum(nnz) / n
         if mean_nnz > 0:
             self.gamma[key] = union / mean_nnz
         call.stats.update(union=union, gamma=union / mean_nnz if mean_nnz else 0.0, pull_format=fmt,
-                          bytes_sent=send.numel() - send_splits[me] + (n - 1) * payload.numel())
+                          pull_overflow=sum(1 for x in rest_splits if x),
+                          bytes_sent=send.numel() - send_splits[me] + (n - 1) * (slots[me] + rest.numel()))
         out = []
-        for j, (buf, (count, fmt_j, _)) in enumerate(zip(wire.split(pulled, pull_splits), sizes)):
+        for j, ((count, fmt_j), first_j, rest_j) in enumerate(zip(headers, firsts, rests)):
+            buf = wire.join_slotted(first_j, rest_j, piece_bytes[j])
             idx, val = self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, on_wire, width)
             out.append((idx, val.to(val_dtype)))
         if call.keep is not None:
@@ -165,21 +197,34 @@ class BalancedParallelism(Scheme):
         return union_idx[at], union_val[at]
 
     @staticmethod
-    def _encode_pull(comm, union_idx, union_val, numel, si, sv):
-        n, me = comm.world, comm.rank
-        count = union_idx.numel()
+    def _pull_bytes(comm, count, j, numel, si, sv, device, fmt=None) -> int:
+        """Bytes of owner j's pull piece of ``count`` entries, in ``fmt``, or (None) in the smaller format."""
         coo = wire.coo_bytes(count, si, sv)
         # |I_j| is about numel / n; look at the cached index sets only when the bitmap may win.
-        if wire.bitmap_bytes(count, numel // n, sv) < 1.25 * coo:
+        if fmt == wire.COO or (fmt is None and wire.bitmap_bytes(count, numel // comm.world, sv) >= 1.25 * coo):
+            return coo
+        sets, offsets = comm.index_sets(numel, device)
+        bitmap = wire.bitmap_bytes(count, int(offsets[j + 1] - offsets[j]), sv)
+        return bitmap if fmt == wire.BITMAP else min(coo, bitmap)
+
+    @classmethod
+    def _encode_pull(cls, comm, union_idx, union_val, numel, si, sv):
+        me, count = comm.rank, union_idx.numel()
+        if cls._pull_bytes(comm, count, me, numel, si, sv, union_idx.device) < wire.coo_bytes(count, si, sv):
             sets, offsets = comm.index_sets(numel, union_idx.device)
             index_set = sets[offsets[me]:offsets[me + 1]]
-            if wire.bitmap_bytes(count, index_set.numel(), sv) < coo:
-                return wire.pack_bitmap(ops.bitmap_encode(union_idx, index_set), union_val), wire.BITMAP
+            return wire.pack_bitmap(ops.bitmap_encode(union_idx, index_set), union_val), wire.BITMAP
         return wire.pack_coo(union_idx, union_val), wire.COO
 
     @staticmethod
-    def _exchange_pull_sizes(comm, count, fmt, nbytes):
-        return comm.all_gather_rows([count, fmt, nbytes]).tolist()
+    def _pull_header(first, j: int, bound: int):
+        """(count, format) of owner j's pull, checked: |U_j| <= ``bound``, what the agreement allows."""
+        count, fmt = wire.slotted_header(first)
+        if fmt not in (wire.COO, wire.BITMAP):
+            raise ValueError(f"zen: corrupt pull header from rank {j}: unknown format {fmt}")
+        if not 0 <= count <= bound:
+            raise ValueError(f"zen: corrupt pull header from rank {j}: {count} entries, where at most {bound} can be")
+        return count, fmt
 
     @staticmethod
     def _decode_pull(comm, buf, j, count, fmt, numel, idx_dtype, val_dtype, width=1):
@@ -198,8 +243,8 @@ class BalancedParallelism(Scheme):
         """Balanced Parallelism, phase by phase (the phases a call records in ``stats["phases"]``): scan;
         hash partition (e k_r); agreement (n counts); push: packing and the all-to-all (rank r sends its pieces
         for the other partitions, receives theirs for its own); aggregate (m per received pair); encode
-        (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the sizes' all-gather and the all-to-all
-        of the repeated pieces (COO or hash bitmap, whichever smaller); decode (x_d |U_j| + |I_j| / 8 / mu
+        (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the all-to-all of the repeated slots
+        (:func:`pull_slot_count`; pieces COO or hash bitmap, whichever smaller), and one of what outgrows them; decode (x_d |U_j| + |I_j| / 8 / mu
         per bitmap piece, plus the lines of I_j read, :func:`lines_bytes`, at mu); scatter: the write-back of U."""
         n, c = w.n, w.hash_counts
         phases = dict(scan=terms.scan(w, p), partition=max(w.nnz) * p.element_time + terms.rows_moved(max(w.nnz), w, p),
@@ -217,9 +262,11 @@ class BalancedParallelism(Scheme):
         bitmap = [x < terms.coo(u, w) for x, u in zip(pieces, w.hash_union)]
         bitmap_bytes = w.numel / n / 8 / p.memory_bandwidth  # |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read
         phases["encode"] = max(u * p.encode_time + bitmap_bytes if b else 0.0 for u, b in zip(w.hash_union, bitmap))
-        phases["pull"] = (terms.allgather(3, w, p) + n * max(pieces) / p.memory_bandwidth
-                          + terms.alltoall([(n - 1) * x for x in pieces], [terms.others(pieces, r) for r in range(n)],
-                                           max(pieces), w, p))
+        slots = _pull_slots(w)
+        rests = [max(0.0, wire.HEADER_BYTES + x - slot) for x, slot in zip(pieces, slots)]
+        phases["pull"] = n * max(slots) / p.memory_bandwidth + sum(
+            terms.alltoall([(n - 1) * x for x in part], [terms.others(part, r) for r in range(n)], max(part), w, p)
+            for part in (slots, rests) if max(part) > 0)
         phases["decode"] = sum(u * p.decode_time + bitmap_bytes + terms.lines_bytes(u, w.numel / n, w.index_size)
                                / p.memory_bandwidth for u, b in zip(w.hash_union, bitmap) if b)
         phases["scatter"] = terms.write_back(w.union, w, p)
@@ -229,19 +276,20 @@ class BalancedParallelism(Scheme):
     def memory(w: Workload) -> float:
         """Local COO and its partitioned copy (k_r pairs each), the hash tables (2 k_r slots of int64 plus a
         tenth for the serial memory, order and partition ids: ~30 bytes per pair), the push buffers (send k_r,
-        receive and concatenate R_j pairs), the aggregate's scratch, the union U_j, the repeated pull piece
-        (n + 1 copies), the pulled union U, and the cached index sets I_j (M indices) when the bitmap is used."""
+        receive and concatenate R_j pairs), the aggregate's scratch, the union U_j, the pull piece and
+        its slot (n + 1 copies of the slot: :func:`pull_slot_count`), the pulled slots, the pulled union U, and the cached index sets I_j (M indices) when the bitmap is used."""
         n, c = w.n, w.hash_counts
         worst = 0.0
         pieces = [_pull_piece(u, w) for u in w.hash_union]
+        slots = [max(slot, wire.HEADER_BYTES + x) for slot, x in zip(_pull_slots(w), pieces)]
         bitmap = any(x < terms.coo(u, w) for x, u in zip(pieces, w.hash_union))
         for r in range(n):
             k = w.nnz[r]
             received = sum(c[q][r] for q in range(n))
             base = 3 * terms.coo(k, w)  # local, partitioned, send
             partition = 2 * terms.coo(k, w) + (16 + 1.6 + 8 + 4) * k
-            pull = (base + 2 * terms.coo(received, w) + terms.coo(w.hash_union[r], w) + (n + 1) * pieces[r]
-                    + sum(pieces) + w.union * w.index_size)
+            pull = (base + 2 * terms.coo(received, w) + terms.coo(w.hash_union[r], w) + pieces[r] + (n + 1) * slots[r]
+                    + sum(slots) + w.union * w.index_size)
             aggregate = base + 2 * terms.coo(received, w) + terms.aggregate_bytes(received, w.hash_union[r], w)
             worst = max(worst, partition, pull, aggregate)
         if bitmap:
