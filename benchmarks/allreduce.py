@@ -32,6 +32,7 @@ does not depend on the machine.
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
@@ -111,6 +112,26 @@ def imbalance(loads):
     return (loads.max() / loads.mean()).item() if loads.sum() > 0 else 1.0
 
 
+def say(text, progress=None):
+    """A progress line on stderr (above tqdm's bar where one is shown); stdout keeps the table alone."""
+    if progress is not None and not progress.disable:
+        progress.write(f"[allreduce] {text}", file=sys.stderr)
+    else:
+        print(f"[allreduce] {text}", file=sys.stderr, flush=True)
+
+
+def show_zen_log(rank):
+    """Rank 0 shows the "zen" logger's INFO lines on stderr (the probe says what it measures and for how
+    long, then when it is done). The benchmark configures this, never the library."""
+    if rank != 0:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[allreduce] %(message)s"))
+    log = logging.getLogger("zen")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
 def timed_calls(args, warm_up_seconds):
     """Timed calls per scheme: ``--iters``, or more for a short call, up to ``--max-iters``, so that its calls
     add up to ``--min-seconds`` (as estimated by the slowest rank's warm-up call; the same on every rank).
@@ -185,6 +206,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     workload = profile = None
     predicted, predicted_phases = {}, {}  # predicted_phases[scheme][phase], ms
     if not args.no_predict:
+        if progress is not None:
+            say("measuring the workload for the cost model's prediction", progress)
         workload = zen.measure(x0)
         profile = store.cached_profile() or zen.probe_profile()
         predicted = zen.predict_times(workload, profile)
@@ -199,6 +222,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     # pick it keeps for the next 100 calls; what settling cost is kept in the row (settle_calls, settle_s).
     instances = {s: Auto() if s == "auto" else s.split("@")[0] for s in schemes}
     settle_calls, settle_start = 0, time.perf_counter()
+    if progress is not None and "auto" in instances:
+        say("settling auto (its measuring and trial calls, untimed)", progress)
     while "auto" in instances:  # until a call goes straight to the pick
         stats = {}
         zen.all_reduce(x0.clone(), scheme=instances["auto"], stats=stats)
@@ -213,6 +238,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     phases = {s: {} for s in schemes}
     wrong = {s: 0 for s in schemes}
     counts = {s: args.iters for s in schemes}  # timed calls per scheme; grown after the warm-up
+    if progress is not None:
+        say(f"timing {len(schemes)} schemes: {args.warmup} warm-up rounds, then at least {args.iters}", progress)
     it = 0
     while it < args.warmup + max(counts.values()):
         order = [s for s in schemes if it < args.warmup + counts[s]]
@@ -279,7 +306,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         if scheme == "dense":
             dense_median = median
         rows.append({
-            "scheme": scheme, "numel": numel, "dtype": args.dtype, "world": world, "workload": args.workload,
+            "scheme": scheme, "numel": numel, "dtype": args.dtype, "world": world, "data": args.workload,
             "nnz_per_rank": nnz.item() / world, "density": nnz.item() / world / numel,
             "union_density": union_idx.numel() / numel, "imbalance_hash": hash_imb,
             "imbalance_contiguous": contiguous_imb, "time_median": median, "time_min": t.min().item(),
@@ -360,6 +387,7 @@ def bench(rank, world, args):
     """One rank's whole run; returns the rows (rank 0's are printed)."""
     import zen
 
+    show_zen_log(rank)
     schemes = args.schemes.split(",") if args.schemes else list(zen.SCHEMES)
     if "dense" in schemes:
         schemes.remove("dense")
@@ -372,9 +400,13 @@ def bench(rank, world, args):
 
         progress = tqdm(total=len(todo) * (args.warmup + args.iters), unit="round", file=sys.stderr,
                         disable=None)  # shown on a terminal only
-    for numel, density in todo:
+    if rank == 0:
+        say(f"{world} ranks joined the group; {len(todo)} case(s)"
+            + ("" if args.no_predict else "; the first probes the group's links once (zen's lines below)"), progress)
+    for i, (numel, density) in enumerate(todo):
         if progress is not None:
             progress.set_description(f"numel={numel} density={density}")
+            say(f"case {i + 1} of {len(todo)}: numel={numel} density={density}", progress)
         all_rows += run_case(args, schemes, numel, density, rank, world, progress)
     if progress is not None:
         progress.close()
@@ -423,6 +455,10 @@ def main(argv=None):
     from launch import launch
 
     args = build_parser().parse_args(argv)
+    if not args.from_env:  # said at once: the ranks take seconds to start, and the first case probes the links
+        where = f"an emulated cluster at {args.bandwidth}" if args.bandwidth else "local gloo ranks over loopback"
+        say(f"starting {args.world} ranks ({where}): each imports torch and joins the group, then rank 0 reports "
+            "here as it goes")
     ranks = launch(args, bench, args, script=__file__, argv=argv, timeout=3600)
     if ranks.results is None:  # another rank, or the emulated cluster's launcher: rank 0 reported
         return ranks.exit_code
