@@ -1,13 +1,15 @@
 """The network probe: the group's fixed costs and rates, measured with zen's own transport, then the local
 kernels and the calibration, into one :class:`zen.cost.Profile` that every rank agrees on."""
 import dataclasses
+import logging
 import statistics
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
-from ..cost import PRIMITIVES, Profile
+from ..cost import CALIBRATION_NUMELS, PRIMITIVES, Profile
 from ..geometry import DUPLEX_ALL_TO_ALL_BYTES
 from ..schemes import registered
 from ..transport import Comm
@@ -15,6 +17,12 @@ from . import store
 from .calibration import calibrate
 from .kernels import probe_kernels
 from .timing import PS, RATE_SECONDS, median_time, together_times
+
+logger = logging.getLogger("zen")
+
+
+def _size(b: int) -> str:
+    return f"{b / (1 << 20):g} MiB" if b >= 1 << 20 else f"{b / 1024:g} KiB"
 
 
 def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
@@ -35,6 +43,16 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     n, me, device = comm.world, comm.rank, comm.device
     mine, rates = {}, {}
     unit = message_bytes
+    started = time.perf_counter()
+    # Said before it starts: the probe is collective and runs once per group, so a first zen.predict (or
+    # scheme "auto") would seem to hang without it. It takes longer on slower links.
+    if n > 1:
+        most = 4 * max(8 * message_bytes, DUPLEX_ALL_TO_ALL_BYTES * (n - 1))  # the slopes' largest send
+        logger.info("zen: rank %d of %d: probing the group's links (%s, %s), once per group: fixed costs, then "
+                    "all-reduce, all-to-all and pairwise rates (%dx per size, %s up to %s per rank), then zen's "
+                    "kernels and a calibration of %d schemes; usually seconds to tens of seconds, longer on slow "
+                    "links (zen.set_profile skips it)", me, n, comm.backend, device.type, repeats,
+                    _size(message_bytes), _size(most), len(registered()))
 
     def slope(run, unit, grow=True):
         """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank; collective), from the slope between
@@ -102,6 +120,8 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         p2p_rate = 4 * unit / max(statistics.median(fours) - mine.get("p2p", 0.0), 1e-9)
         if peer is not None:
             rates["p2p"] = p2p_rate
+    if n > 1:
+        logger.info("zen: rank %d: links probed in %.1f s; now zen's kernels", me, time.perf_counter() - started)
     kernels = probe_kernels(comm, repeats)
     with ThreadPoolExecutor(max_workers=1) as pool:
         hop = median_time(lambda: pool.submit(lambda: None).result(), repeats)
@@ -116,5 +136,8 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     profile = store.decode(store.median_rows(comm.all_gather_rows(row).tolist()), schemes)
     if n == 1:
         return profile
+    logger.info("zen: rank %d: kernels probed; now the calibration (%d schemes, calls of %d and %d elements)",
+                me, len(schemes), *CALIBRATION_NUMELS)
     small, large = calibrate(comm, profile, 2 * repeats + 1)  # (a miss is a difference of two noisy times)
+    logger.info("zen: rank %d: probe done in %.1f s", me, time.perf_counter() - started)
     return dataclasses.replace(profile, calibration=tuple(small.items()), calibration_large=tuple(large.items()))
