@@ -94,6 +94,9 @@ def build_parser():
     p.add_argument("--topk-ratio", type=float, default=0.01, help="zen: fraction of entries sent (default 0.01)")
     p.add_argument("--warmup-steps", type=int, default=10,
                    help="zen and powersgd: steps with uncompressed all-reduce first (>= 2; default 10)")
+    p.add_argument("--density-ramp", type=int, default=None,
+                   help="zen: over this many steps after the warm-up the ratio falls from 1 to --topk-ratio "
+                        "(DGC's warm-up; default none)")
     p.add_argument("--powersgd-rank", type=int, default=4, help="powersgd: matrix approximation rank (default 4)")
     # optimisation
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"], help="SGD with momentum 0.9, or AdamW")
@@ -285,7 +288,8 @@ class Variant:
             import zen
 
             self.state = zen.ZenState(topk_ratio=args.topk_ratio, warmup_steps=args.warmup_steps,
-                                      global_topk=name == "zen-global", momentum=0.9 if name == "zen-mc" else None)
+                                      density_ramp=args.density_ramp, global_topk=name == "zen-global",
+                                      momentum=0.9 if name == "zen-mc" else None)
             self.ddp.register_comm_hook(self.state, zen.zen_hook)
         params = self.ddp.parameters()
         if args.optimizer == "sgd":
@@ -426,10 +430,10 @@ def summarize(raw, args, world):
     for r in rows.values():
         r["cpu_floor_s"] = world * r["cpu_per_rank_median_s"] / cores if shared else None
     ok = all(r["finite"] and r["rank_max_abs_diff"] == 0.0 for r in rows.values())
-    config = {k: getattr(args, k) for k in ("steps", "seed", "topk_ratio", "warmup_steps", "powersgd_rank",
-                                              "optimizer", "lr", "weight_decay", "clip", "dim", "layers", "heads",
-                                              "seq", "batch", "tie_head", "bucket_cap_mb", "eval_every",
-                                              "eval_batches")}
+    config = {k: getattr(args, k) for k in ("steps", "seed", "topk_ratio", "warmup_steps", "density_ramp",
+                                              "powersgd_rank", "optimizer", "lr", "weight_decay", "clip", "dim",
+                                              "layers", "heads", "seq", "batch", "tie_head", "bucket_cap_mb",
+                                              "eval_every", "eval_batches")}
     return {
         "benchmark": "dense_model", "world": world, "bandwidth": args.bandwidth or "loopback",
         "latency": args.latency, "config": config, "params": raw["params"], "vocab": raw["vocab"],
