@@ -31,27 +31,26 @@ class _SchemeNames(Sequence):
 
 
 SCHEMES = _SchemeNames()
-_shared_auto = {}  # registered names -> the process's Auto over them
+_shared = {}  # scheme name and class (auto: the registered names) -> the process's instance
 _shared_lock = threading.Lock()
 
 
 def make_scheme(name: str, **settings) -> Scheme:
     """A scheme instance; ``settings`` go to its constructor. Raises ValueError on an unknown name.
 
-    "auto" without settings is one instance per process (per set of registered schemes):
-    ``zen.all_reduce`` builds its scheme per call, and auto's history (what it measured and picked, per
-    group and tensor size) must outlive the call."""
-    if name == "auto":
-        if settings:
-            return Auto(**settings)
-        with _shared_lock:
-            key = tuple(registered())
-            if key not in _shared_auto:
-                _shared_auto[key] = Auto()
-            return _shared_auto[key]
-    if name not in registered():
+    A scheme without settings is one instance per process ("auto": per set of registered schemes):
+    ``zen.all_reduce`` names its scheme per call, and what a scheme learns must outlive the call (auto's
+    history of what it measured and picked; zen's unions per tensor shape, which size its pull)."""
+    if name != "auto" and name not in registered():
         raise ValueError(f"unknown scheme {name!r}; allowed: {', '.join(SCHEMES)}")
-    return scheme_class(name)(**settings)
+    make = Auto if name == "auto" else scheme_class(name)
+    if settings:
+        return make(**settings)
+    with _shared_lock:
+        key = tuple(registered()) if name == "auto" else (name, make)
+        if key not in _shared:
+            _shared[key] = make()
+        return _shared[key]
 
 
 class Work:

@@ -8,7 +8,7 @@ Every rank is the server of one partition of the index space, chosen by the leve
 4. aggregate: server j sums what it received into U_j, the union of its partition;
 5. pull: every server sends U_j to all, as COO indices or as a hash bitmap over
    I_j = {i : h0(i) = j}, whichever is smaller; every rank writes the union into its output. The pieces go
-   in slots that every rank sizes alike from the agreed counts and the previous call's gamma
+   in slots that every rank sizes alike from the agreed counts and the previous call's unions
    (:func:`pull_slot_count`), headed by their count and format (``wire`` SLOTTED): no round is spent on
    exchanging their sizes, and only a union that outgrows its slot sends a second message.
 
@@ -44,19 +44,20 @@ def _pull_piece(count: float, w: Workload) -> float:
     return min(terms.coo(count, w), count * w.value_size + w.numel / w.n / 8.0)
 
 
-def pull_slot_count(bound: int, gamma: float, n: int) -> int:
+def pull_slot_count(bound: int, expected: float) -> int:
     """Entries that owner j's pull slot holds. |U_j| <= ``bound`` (the pairs it received, R_j, or fewer where
-    global top-k keeps fewer), and the union is expected at U_j ~ R_j gamma / n, gamma = U / mean k from the
-    previous call of the shape (n on the first: the slot is then the bound). The slot leaves room for 3% and
-    3 standard deviations more; a union that outgrows it sends the rest in a second message."""
-    expected = bound * min(max(gamma, 1.0), n) / n
-    return min(bound, math.ceil(1.03 * expected + 3.0 * math.sqrt(expected) + 8))
+    global top-k keeps fewer); ``expected`` is R_j |U_j| / R_j of the previous call of the shape (partition j
+    keeps its hot indices from call to call: the hash is fixed), R_j on the first, where the slot is the
+    bound. The slot leaves room for 2% and 2 standard deviations more; a union that outgrows it sends the
+    rest in a second message."""
+    return min(bound, math.ceil(1.02 * expected + 2.0 * math.sqrt(expected) + 4))
 
 
 def _pull_slots(w: Workload):
-    """The pull's slot bytes per owner, sized as a call sizes them, with (in steady state) the shape's own gamma."""
+    """The pull's slot bytes per owner, sized as a call sizes them, in steady state (the previous call's unions
+    are this one's)."""
     received = [sum(row[j] for row in w.hash_counts) for j in range(w.n)]
-    return [wire.HEADER_BYTES + _pull_piece(pull_slot_count(x, w.gamma, w.n), w) for x in received]
+    return [wire.HEADER_BYTES + _pull_piece(pull_slot_count(r, u), w) for r, u in zip(received, w.hash_union)]
 
 
 class BalancedParallelism(Scheme):
@@ -74,7 +75,9 @@ class BalancedParallelism(Scheme):
         self.serial_factor = serial_factor
         self.dense_switch = dense_switch
         self.dense_threshold = dense_threshold
-        self.gamma = {}  # (entries, row width) -> union growth observed in the last call, for the dense switch
+        # (ranks, entries, row width) -> (gamma, [|U_j| / R_j]) of the last call: the dense switch's gamma and
+        # the expected unions that size the pull's slots
+        self.history = {}
 
     def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
         call.dense_fallback = lambda: call.comm.all_reduce(flat, call.value_dtype)
@@ -115,10 +118,13 @@ class BalancedParallelism(Scheme):
         part_idx, part_val, counts, part_stats = ops.partition(
             indices, values, n, seed, probes, self.table_factor, self.serial_factor)
         call.mark("partition")
-        # Rank 0's estimate of gamma rides along, so the dense switch sees the same inputs on every rank.
-        key = (numel, width)
-        agreed = call.agree(counts.tolist() + [round(self.gamma.get(key, float(n)) * 1e6)])
+        # Rank 0's gamma and union fractions (last call of this shape) ride along, so the dense switch and
+        # the pull's slots see the same inputs on every rank.
+        key = (n, numel, width)
+        last = self.history.get(key, (float(n), [1.0] * n))
+        agreed = call.agree(counts.tolist() + [round(x * 1e6) for x in [last[0]] + last[1]])
         counts, gamma = agreed[:, :n].tolist(), agreed[0, n].item() / 1e6
+        fractions = [x / 1e6 for x in agreed[0, n + 1:2 * n + 1].tolist()]
         call.mark("agree")
         nnz = [sum(row) for row in counts]
         loads = [sum(counts[p][j] for p in range(n)) for j in range(n)]
@@ -150,10 +156,9 @@ class BalancedParallelism(Scheme):
         # 5. pull, in the smaller format, in slots every rank sized beforehand from the counts (no round for sizes).
         payload, fmt = self._encode_pull(comm, union_idx, union_val.to(on_wire), numel, si, sv)
         call.mark("encode")
-        received = [sum(counts[p][j] for p in range(n)) for j in range(n)]
-        bounds = received if call.keep is None else [min(r, math.ceil(call.keep / n)) for r in received]
-        slots = [wire.HEADER_BYTES + self._pull_bytes(comm, pull_slot_count(b, gamma, n), j, numel, si, sv,
-                                                      union_idx.device) for j, b in enumerate(bounds)]
+        bounds = loads if call.keep is None else [min(r, math.ceil(call.keep / n)) for r in loads]
+        slots = [wire.HEADER_BYTES + self._pull_bytes(comm, pull_slot_count(b, f * r), j, numel, si, sv, union_idx.device)
+                 for j, (b, f, r) in enumerate(zip(bounds, fractions, loads))]
         first, rest = wire.pack_slotted(union_idx.numel(), fmt, payload, slots[me])
         pulled = torch.empty(sum(slots), dtype=torch.uint8, device=payload.device)
         comm.all_gather_bytes(pulled, first, slots)
@@ -171,7 +176,7 @@ class BalancedParallelism(Scheme):
         union = sum(count for count, _ in headers)
         mean_nnz = sum(nnz) / n
         if mean_nnz > 0:
-            self.gamma[key] = union / mean_nnz
+            self.history[key] = (union / mean_nnz, [c / r if r else 1.0 for (c, _), r in zip(headers, loads)])
         call.stats.update(union=union, gamma=union / mean_nnz if mean_nnz else 0.0, pull_format=fmt,
                           pull_overflow=sum(1 for x in rest_splits if x),
                           bytes_sent=send.numel() - send_splits[me] + (n - 1) * (slots[me] + rest.numel()))
@@ -241,14 +246,14 @@ class BalancedParallelism(Scheme):
     @staticmethod
     def phases(w: Workload, p: Profile) -> Dict[str, float]:
         """Balanced Parallelism, phase by phase (the phases a call records in ``stats["phases"]``): scan;
-        hash partition (e k_r); agreement (n counts); push: packing and the all-to-all (rank r sends its pieces
+        hash partition (e k_r); agreement (n counts, gamma and n union fractions); push: packing and the all-to-all (rank r sends its pieces
         for the other partitions, receives theirs for its own); aggregate (m per received pair); encode
         (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the all-to-all of the repeated slots
         (:func:`pull_slot_count`; pieces COO or hash bitmap, whichever smaller), and one of what outgrows them; decode (x_d |U_j| + |I_j| / 8 / mu
         per bitmap piece, plus the lines of I_j read, :func:`lines_bytes`, at mu); scatter: the write-back of U."""
         n, c = w.n, w.hash_counts
         phases = dict(scan=terms.scan(w, p), partition=max(w.nnz) * p.element_time + terms.rows_moved(max(w.nnz), w, p),
-                      agree=terms.agree(n, w, p))
+                      agree=terms.agree(2 * n + 1, w, p))
         if n <= 1:
             return dict(phases, scatter=terms.write_back(w.union, w, p))
         send = [sum(terms.coo(c[r][j], w) for j in range(n) if j != r) for r in range(n)]
