@@ -300,9 +300,10 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         b = torch.tensor([statistics.mean(sent[scheme])], dtype=torch.float64)
         dist.all_reduce(b)
         median = statistics.median(t.tolist())
-        names = list(phases[scheme])  # the same phases in the same order on every rank (one protocol)
-        mine = torch.tensor([statistics.median(phases[scheme][p]) for p in names], dtype=torch.float64)
-        dist.all_reduce(mine)
+        # Ranks may record different phases (SparCML's folded ranks at world sizes that are no power of 2).
+        every_phases = [None] * world
+        dist.all_gather_object(every_phases, {p: statistics.median(v) for p, v in phases[scheme].items()})
+        names = list(dict.fromkeys(p for mine in every_phases for p in mine))
         if scheme == "dense":
             dense_median = median
         rows.append({
@@ -314,7 +315,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "bytes_sent": b.item() / world, "wrong": int(w.item()), "host_tx_bytes": host_bytes[scheme],
             "ranks_per_host": int(os.environ.get("LOCAL_WORLD_SIZE") or 1),
             "time_predicted": predicted.get(scheme, float("nan")),
-            "phases_ms": {p: v * 1e3 / world for p, v in zip(names, mine.tolist())},
+            "phases_ms": {p: sum(mine.get(p, 0.0) for mine in every_phases) * 1e3 / world for p in names},
             "copy_ms": copy_ms, "block_size": blocks[scheme],
             "settle_calls": settle_calls if scheme == "auto" else 0,
             "settle_s": settle_seconds if scheme == "auto" else 0.0,
