@@ -139,6 +139,17 @@ def _check_pull_slots(rank, world):
         expected = [0, world, 0] if world > 1 else [None] * 3  # (one rank: nothing is pulled)
         if overflows != expected:
             failures.append(f"pull slots, density {density}: pieces over their slots {overflows}, not {expected}")
+    # By name, the scheme is the process's one instance: the second call of a shape sizes its slots from the
+    # first's unions (overlapping ranks: the unions are far below the pairs received), so it sends less.
+    t = torch.zeros(numel)
+    t[torch.arange(0, numel, 7)] = 1.5
+    sent = []
+    for _ in range(2):
+        stats = {}
+        zen.all_reduce(t.clone(), scheme="zen", stats=stats)
+        sent.append(stats.get("bytes_sent", 0))
+    if world > 2 and not sent[1] < 0.8 * sent[0]:
+        failures.append(f"pull slots by name: bytes {sent} (the second call should size its slots from the first)")
     return failures
 
 

@@ -46,10 +46,10 @@ def _pull_piece(count: float, w: Workload) -> float:
 
 def pull_slot_count(bound: int, expected: float) -> int:
     """Entries that owner j's pull slot holds. |U_j| <= ``bound`` (the pairs it received, R_j, or fewer where
-    global top-k keeps fewer); ``expected`` is R_j |U_j| / R_j of the previous call of the shape (partition j
-    keeps its hot indices from call to call: the hash is fixed), R_j on the first, where the slot is the
-    bound. The slot leaves room for 2% and 2 standard deviations more; a union that outgrows it sends the
-    rest in a second message."""
+    global top-k keeps fewer). ``expected``: R_j times the fraction |U_j| / R_j that partition j's union had
+    in the previous call of the shape (the hash is fixed, so a partition keeps its hot indices from call to
+    call); on the first call the fraction is 1 and the slot is the bound. The slot leaves room for 2% and two
+    standard deviations more; a union that outgrows it sends the rest in a second message."""
     return min(bound, math.ceil(1.02 * expected + 2.0 * math.sqrt(expected) + 4))
 
 
@@ -157,7 +157,8 @@ class BalancedParallelism(Scheme):
         payload, fmt = self._encode_pull(comm, union_idx, union_val.to(on_wire), numel, si, sv)
         call.mark("encode")
         bounds = loads if call.keep is None else [min(r, math.ceil(call.keep / n)) for r in loads]
-        slots = [wire.HEADER_BYTES + self._pull_bytes(comm, pull_slot_count(b, f * r), j, numel, si, sv, union_idx.device)
+        slots = [wire.HEADER_BYTES + self._pull_bytes(comm, pull_slot_count(b, f * r), j, numel, si, sv,
+                                                      union_idx.device)
                  for j, (b, f, r) in enumerate(zip(bounds, fractions, loads))]
         first, rest = wire.pack_slotted(union_idx.numel(), fmt, payload, slots[me])
         pulled = torch.empty(sum(slots), dtype=torch.uint8, device=payload.device)
