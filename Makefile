@@ -40,6 +40,8 @@ results: $(VENV)/.built
 	mv results/tmp/sparse_embedding_2.txt results/sparse_embedding_2.txt
 	$(PY) benchmarks/sparse_embedding.py --world 4 --json results/sparse_embedding_4.json > results/tmp/sparse_embedding_4.txt
 	mv results/tmp/sparse_embedding_4.txt results/sparse_embedding_4.txt
+	$(PY) benchmarks/kernels.py --json results/kernels_cpu.json > results/tmp/kernels_cpu.txt
+	mv results/tmp/kernels_cpu.txt results/kernels_cpu.txt
 	{ echo '$$ python benchmarks/memory.py $(MEMORY_ARGS)'; echo; $(PY) benchmarks/memory.py $(MEMORY_ARGS); } > results/tmp/memory.txt
 	mv results/tmp/memory.txt results/memory.txt
 	$(PY) benchmarks/report.py

@@ -80,7 +80,7 @@ def main(argv=None):
     print(f"extra memory per rank, {args.world} ranks (MiB; ratio = predicted / measured peak)")
     print(f"{'numel':>9} {'density':>8} {'scheme':>10} {'predicted':>10} {'measured':>10} {'ratio':>6}")
     for r in rows:
-        ratio = f"{r['predicted'] / r['measured']:.2f}" if r["measured"] else "-"
+        ratio = f"{r['predicted'] / r['measured']:.2f}" if r["measured"] and r["predicted"] else "-"
         print(f"{r['numel']:>9} {r['density']:>8.2%} {r['scheme']:>10} {r['predicted'] / 2**20:>10.2f} "
               f"{r['measured'] / 2**20:>10.2f} {ratio:>6}")
     return 0
