@@ -180,6 +180,41 @@ def sweep_accuracy(res):
     return lines
 
 
+def sweep_heldout(res):
+    """MAPE per scheme on the tuning grid beside the held-out grid's (never tuned on: the figure to believe),
+    and per held-out cell auto against the fastest fixed scheme."""
+    tuning, heldout = res.merged("sweep_accuracy"), res.merged("sweep_heldout")
+    cells = {name: len({sweep.cell_key(r) for r in rows}) for name, rows in (("tuning", tuning), ("heldout", heldout))}
+    head = [f"tuning MAPE ({cells['tuning']})", f"held-out MAPE ({cells['heldout']})", "held-out worst", "bias"]
+    lines = ["```", "prediction error per scheme, cells of the tuning grid and of the held-out grid "
+             "(medians of the runs per cell)", f"{'scheme':>10}" + "".join(f"{h:>{len(h) + 3}}" for h in head)]
+    for scheme in SCHEMES:
+        mine = [r for r in heldout if r["scheme"] == scheme]
+        tuned = [abs(error(r)) for r in tuning if r["scheme"] == scheme]
+        if not mine:
+            continue
+        values = [f"{statistics.mean(tuned):.1%}" if tuned else "-", f"{statistics.mean(abs(error(r)) for r in mine):.1%}",
+                  f"{max(abs(error(r)) for r in mine):.1%}", f"{statistics.mean(error(r) for r in mine):+.1%}"]
+        lines.append(f"{scheme:>10}" + "".join(f"{v:>{len(h) + 3}}" for v, h in zip(values, head)))
+    lines += ["", "held-out cells: the fastest fixed scheme and auto (measured medians, ms)",
+              f"{'link':>9} {'ranks':>5} {'data':>8} {'dtype':>8} {'numel':>7} {'density':>8} {'fastest':>10} "
+              f"{'ms':>8} {'auto ms':>8} {'auto/best':>9}"]
+    by_cell = {}
+    for r in heldout:
+        by_cell.setdefault(sweep.cell_key(r), {})[r["scheme"]] = r
+    ratios = auto_ratios(heldout)
+    for key, ratio in ratios.items():
+        bandwidth, world, data, dtype, numel, density = key
+        fixed = {s: by_cell[key][s]["time_median"] for s in FIXED if s in by_cell[key]}
+        best = min(fixed, key=fixed.get)
+        lines.append(f"{link(bandwidth):>9} {world:>5} {data:>8} {dtype:>8} {count(numel):>7} {percent(density):>8} "
+                     f"{best:>10} {fixed[best] * 1e3:>8.1f} {by_cell[key]['auto']['time_median'] * 1e3:>8.1f} "
+                     f"{ratio:>8.2f}x")
+    within = sum(r <= 1.1 for r in ratios.values())
+    lines += [f"auto within 1.10x of the fastest fixed scheme in {within} of {len(ratios)} held-out cells", "```"]
+    return lines
+
+
 def sweep_accuracy_runs(res):
     """Each round's own MAPE per scheme, schemes in the order of their MAPE over the medians (worst first)."""
     rows = res.json("sweep_accuracy")
@@ -211,7 +246,7 @@ def memory(res):
                              ratio=None if m.group(6) == "-" else float(m.group(6))))
     if not rows:
         raise SystemExit("report: results/memory.txt holds no table of memory.py's")
-    rated = [r for r in rows if r["ratio"] is not None]
+    rated = [r for r in rows if r["ratio"] is not None and r["predicted"] > 0]  # dense: none predicted, in place
 
     def where(value):
         return ", ".join(f"{r['scheme']} at {percent(r['density'])}" for r in rated if r["ratio"] == value)
@@ -407,18 +442,21 @@ def train_match(res):
 
 
 
-DENSE = ("dense_gpt_8x1gbit", "dense_gpt_8x100mbit")
+DENSE = ("dense_gpt_8x1gbit", "dense_gpt_8x1gbit_noclip", "dense_gpt_8x100mbit")
+HIERARCHY = ("hierarchy_text128_4x2_1gbit", "hierarchy_text128_4x2_100mbit")
 VARIANT_NAMES = {"plain": "plain DDP", "powersgd": "PowerSGD (rank 4)", "zen": "zen top-1%", "zen-global": "zen global top-1%",
                  "zen-mc": "zen top-1%, momentum correction"}
 
 
 def dense_table(res):
     """benchmarks/dense_model.py's runs: loss, held-out loss and their gap to plain DDP, step time, bytes."""
-    lines = ["| hosts, link | variant | train loss (gap) | held-out loss (gap) | step ms | CPU floor ms | speedup "
+    lines = ["| hosts, link, steps, clip | variant | train loss (gap) | held-out loss (gap) | step ms | CPU floor ms | speedup "
              "| MB sent/rank/step |", "|---|---|---|---|---|---|---|---|"]
     for stem in DENSE:
         run = res.json(stem)
-        where = f"{run['world']}, {link(run['bandwidth'])}, {run['config']['steps']} steps"
+        clip = run["config"]["clip"]
+        where = (f"{run['world']}, {link(run['bandwidth'])}, {run['config']['steps']} steps, "
+                 + (f"clip {clip:g}" if clip else "no clip"))
         for i, v in enumerate(run["variants"]):
             cells = [where if i == 0 else "", VARIANT_NAMES.get(v["variant"], v["variant"]),
                      f"{v['final_train_loss']:.3f} ({100 * v['train_gap']:+.1f}%)",
@@ -429,9 +467,37 @@ def dense_table(res):
     return lines
 
 
+def hierarchy_table(res):
+    """4 emulated hosts x 2 ranks: every protocol's measured and predicted time, its speed against flat zen,
+    and the bytes a host's network card sent, against the target (at most 1.2 x flat zen's / G)."""
+    lines = ["| link between hosts | protocol | measured ms | predicted ms | x flat zen | MB a host sent | "
+             "x (flat zen's / G) |", "|---|---|---|---|---|---|---|"]
+    names = {"dense": "dense, flat", "zen": "zen, flat", "zen@node": "zen, node", "dense@node": "dense, node"}
+    for stem in HIERARCHY:
+        rows = {r["scheme"]: r for r in res.json(stem)}
+        flat = rows["zen"]
+        per_host = flat["host_tx_bytes"] / flat["ranks_per_host"]
+        for i, (scheme, r) in enumerate(rows.items()):
+            cells = [link(stem.rsplit("_", 1)[1]) if i == 0 else "", names.get(scheme, scheme),
+                     f"{r['time_median'] * 1e3:.1f}", f"{r['time_predicted'] * 1e3:.1f}",
+                     f"{flat['time_median'] / r['time_median']:.2f}x", f"{r['host_tx_bytes'] / 1e6:.2f}",
+                     f"{r['host_tx_bytes'] / per_host:.2f}"]
+            lines.append("|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
+    return lines
+
+
+def kernels_cpu(res):
+    """benchmarks/kernels.py's medians, as a table."""
+    run = res.json("kernels_cpu")
+    lines = ["| kernel | what it runs on | ms |", "|---|---|---|"]
+    lines += [f"| {k['kernel']} | {k['what']} | {k['ms']:.1f} |" for k in run["kernels"]]
+    return lines
+
+
 BLOCKS = {
     "sweep_accuracy": sweep_accuracy,
     "sweep_accuracy#runs": sweep_accuracy_runs,
+    "sweep_accuracy,sweep_heldout": sweep_heldout,
     "memory": memory,
     "sweep_scaling": sweep_scaling,
     "sweep_scaling#summary": sweep_scaling_summary,
@@ -443,6 +509,8 @@ BLOCKS = {
     ",".join(TRAIN): train_table,
     ",".join(TRAIN) + "#match": train_match,
     ",".join(DENSE): dense_table,
+    "kernels_cpu": kernels_cpu,
+    ",".join(HIERARCHY): hierarchy_table,
 }
 
 

@@ -302,6 +302,8 @@ def main(argv=None):
     if args.repredict:
         with open(args.out + ".json") as f:
             rows = repredict(json.load(f))
+        with open(args.out + ".json", "w") as f:
+            json.dump(rows, f, indent=1)
     for round_ in range(0 if args.repredict else args.rounds):
         for world, bandwidth, data in grid_runs(args):
             for row in run_cell(args, world, bandwidth, data):
