@@ -1,7 +1,7 @@
 """Sweeps of benchmarks/allreduce.py over world sizes and link rates: predicted vs measured, and scaling.
 
     python benchmarks/sweep.py --out results/sweep                       # the cost model's accuracy (root)
-    python benchmarks/sweep.py --grid heldout --out results/heldout      # ... on cells never tuned on (root)
+    python benchmarks/sweep.py --grid heldout --rounds 3 --out results/sweep_heldout   # never tuned on (root)
     python benchmarks/sweep.py --scaling --out results/scaling           # weak scaling, 2..16 ranks (root)
 
 The tuning grid (the default: --worlds x --bandwidths x --sizes x --densities, 2/4/8 ranks, 100 Mbit/s and

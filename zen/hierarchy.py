@@ -348,6 +348,11 @@ def _pack(groups: dict, cuts) -> tuple:
     return torch.cat(parts), [p.numel() for p in parts], counts
 
 
+def _packed_bytes(counts, sizes, element_size: int) -> int:
+    """Bytes of one piece of :func:`_pack` holding counts[i] entries of block size sizes[i]."""
+    return sum(wire.coo_bytes(c, 8, b * element_size) for b, c in zip(sizes, counts))
+
+
 def _unpack(buf: torch.Tensor, counts, sizes, dtype) -> list:
     """[(b, starts, values)] of one rank's piece of :func:`_pack` (``counts``: per block size in ``sizes``)."""
     out, at = [], 0
@@ -395,9 +400,8 @@ def _node_strided(intra: Comm, cross: Comm, tensor, scan: Scan, scheme, name, st
         send, send_splits, counts = _pack(mine, bounds)
         matrix = intra.all_gather_rows(counts).view(g, g, -1)  # [sender, owner, block size]
         recv_counts = [matrix[q, me].tolist() for q in range(g)]
-        recv_splits = [sum(wire.coo_bytes(c, 8, b * flat.element_size()) for b, c in zip(sizes, row))
-                       for row in recv_counts]
-        largest = max(sum(wire.coo_bytes(c, 8, b * flat.element_size()) for b, c in zip(sizes, matrix[q, j].tolist()))
+        recv_splits = [_packed_bytes(row, sizes, flat.element_size()) for row in recv_counts]
+        largest = max(_packed_bytes(matrix[q, j].tolist(), sizes, flat.element_size())
                       for q in range(g) for j in range(g))
         recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=flat.device)
         with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
@@ -424,7 +428,7 @@ def _node_strided(intra: Comm, cross: Comm, tensor, scan: Scan, scheme, name, st
         summed = scan.entries(lo, hi, rescan=True)
         piece, _, counts = _pack(summed, [lo, hi])
         rows = intra.all_gather_rows(counts).tolist()
-        splits = [sum(wire.coo_bytes(c, 8, b * flat.element_size()) for b, c in zip(summed, row)) for row in rows]
+        splits = [_packed_bytes(row, list(summed), flat.element_size()) for row in rows]
         gathered = torch.empty(sum(splits), dtype=torch.uint8, device=flat.device)
         with intra.waiting_on("an all-gather inside the node", intra.others()):
             intra.all_gather_bytes(gathered, piece, splits)
