@@ -131,11 +131,8 @@ def error(row):
 
 def auto_ratios(rows):
     """Per cell: auto's measured time over the fastest fixed scheme's (as sweep.accuracy_tables counts them)."""
-    cells = {}
-    for r in rows:
-        cells.setdefault(sweep.cell_key(r), {})[r["scheme"]] = r
     ratios = {}
-    for key, by in sorted(cells.items()):
+    for key, by in sorted(sweep.cells_of(rows).items()):
         fixed = [by[s]["time_median"] for s in FIXED if s in by]
         if "auto" in by and fixed:
             ratios[key] = by["auto"]["time_median"] / min(fixed)
@@ -199,9 +196,7 @@ def sweep_heldout(res):
     lines += ["", "held-out cells: the fastest fixed scheme and auto (measured medians, ms)",
               f"{'link':>9} {'ranks':>5} {'data':>8} {'dtype':>8} {'numel':>7} {'density':>8} {'fastest':>10} "
               f"{'ms':>8} {'auto ms':>8} {'auto/best':>9}"]
-    by_cell = {}
-    for r in heldout:
-        by_cell.setdefault(sweep.cell_key(r), {})[r["scheme"]] = r
+    by_cell = sweep.cells_of(heldout)
     ratios = auto_ratios(heldout)
     for key, ratio in ratios.items():
         bandwidth, world, data, dtype, numel, density = key

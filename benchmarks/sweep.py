@@ -124,6 +124,14 @@ def cell_key(row):
             row["numel"], round(row["density"], 6))
 
 
+def cells_of(rows):
+    """{cell key: {scheme: row}}."""
+    cells = {}
+    for r in rows:
+        cells.setdefault(cell_key(r), {})[r["scheme"]] = r
+    return cells
+
+
 def merge_rounds(rows):
     """One row per (cell, scheme): the first round's row with the medians over the rounds of the measured
     and predicted times and phases, the mean CPU steal, auto's most frequent pick, and the rounds' own
@@ -185,9 +193,7 @@ def accuracy_tables(rows):
               f"{'link':>8} {'world':>5} {'workload':>8} {'dtype':>8} {'numel':>9} {'density':>8} {'fastest':>10} "
               f"{'ms':>8} {'auto ms':>8} "
               f"{'auto/best':>9} {'predicted best':>14} {'auto picked':>14} {'steal':>6}"]
-    cells = {}
-    for r in rows:
-        cells.setdefault(cell_key(r), {})[r["scheme"]] = r
+    cells = cells_of(rows)
     within = 0
     for key in sorted(cells):
         by = cells[key]
