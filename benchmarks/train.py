@@ -73,6 +73,7 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: lm 1.0, deepfm 0.05)")
     p.add_argument("--batch", type=int, default=None, help="samples per rank (default: lm 64 windows, deepfm 256)")
+    p.add_argument("--scheme", default="zen", help="the hook's scheme, ZenState(scheme=...) (default zen)")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket_cap_mb (default: DDP's own default, a 1 MB first bucket, then 25 MB)")
     # lm
@@ -240,10 +241,11 @@ def bench(rank, world, args):
     model, batches, info, embedding_names = setup(args, rank, total)
 
     ddps, opts, zen_log = {}, {}, {}
+    state = zen.ZenState(scheme=args.scheme)
     for variant in VARIANTS:
         ddp = DDP(copy.deepcopy(model), bucket_cap_mb=args.bucket_cap_mb)
         if variant == "zen":
-            ddp.register_comm_hook(zen.ZenState(), recording_hook(zen_log))
+            ddp.register_comm_hook(state, recording_hook(zen_log))
         ddps[variant] = ddp
         opts[variant] = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     embeddings = [getattr(model, name).weight for name in embedding_names]
@@ -302,6 +304,10 @@ def bench(rank, world, args):
                          statistics.mean(zen_dense) if zen_dense else 0.0], dtype=torch.float64)
     dist.all_reduce(sent)
     sent /= world
+    # the hook's own account (ZenState.summary), the slowest rank's: its collectives' seconds and auto's measuring
+    totals = state.summary()
+    hook_seconds = torch.tensor([totals["seconds"], totals["auto_seconds"]], dtype=torch.float64)
+    dist.all_reduce(hook_seconds, op=dist.ReduceOp.MAX)
 
     # correctness: the variants against each other, and every rank against rank 0
     params = {v: torch.cat([p.detach().reshape(-1) for p in ddps[v].module.parameters()]) for v in VARIANTS}
@@ -321,7 +327,8 @@ def bench(rank, world, args):
         "density": density.tolist(), "zen_bytes_sent": sent[0].item(), "zen_dense_buckets": sent[1].item(),
         "param_diff": checks[0].item(), "param_close": checks[1].item() == 0.0,
         "rank_diff": {"plain": checks[2].item(), "zen": checks[3].item()}, "info": info, "numel": numel,
-        "bucket_numels": buckets,
+        "bucket_numels": buckets, "hook_seconds": hook_seconds[0].item(), "auto_seconds": hook_seconds[1].item(),
+        "auto_trials": totals["auto_trials"],
     }
 
 
@@ -369,7 +376,9 @@ def summarize(raw, args, world):
     return {
         "model": args.model, "world": world, "bandwidth": args.bandwidth or "loopback", "latency": args.latency,
         "steps": args.steps, "warmup": args.warmup, "batch_per_rank": args.batch, "lr": args.lr,
-        "seed": args.seed, "bucket_cap_mb": args.bucket_cap_mb, "params": raw["numel"],
+        "seed": args.seed, "bucket_cap_mb": args.bucket_cap_mb, "params": raw["numel"], "scheme": args.scheme,
+        "zen_run_s": sum(r[1] for r in raw["rec"]["zen"]), "hook_s": raw["hook_seconds"],
+        "auto_s": raw["auto_seconds"], "auto_trials": raw["auto_trials"],
         "ddp_bucket_numels": raw["bucket_numels"],
         "embedding_density_per_rank": statistics.mean(raw["density"]),
         "model_info": raw["info"], "variants": [rows[v] for v in VARIANTS], "speedup": speedup,
@@ -397,7 +406,13 @@ def format_report(s):
                      f"{r['samples_per_s']:>11.1f} "
                      f"{r['bytes_sent_per_rank'] / 1e6:>12.2f} {base / r['step_median_s']:>6.2f}x")
     z = s["variants"][1]
-    lines.append(f"zen: {len(s['ddp_bucket_numels'])} buckets per step, {z['dense_buckets']:.1f} of them sent dense (mean)")
+    lines.append(f"zen (scheme {s['scheme']}): {len(s['ddp_bucket_numels'])} buckets per step, "
+                 f"{z['dense_buckets']:.1f} of them sent dense (mean); its {s['warmup'] + s['steps']} steps took {s['zen_run_s']:.2f} s, "
+                 f"{s['hook_s']:.2f} s of it in the hook's collectives (summary()['seconds'], slowest rank)")
+    if s["scheme"] == "auto":
+        lines.append(f"auto's measuring (summary()['auto_seconds'], slowest rank, the profile probe included): "
+                     f"{s['auto_s']:.2f} s, {100 * s['auto_s'] / s['zen_run_s']:.1f}% of the run; "
+                     f"{s['auto_trials']} trial calls")
     lines.append(f"loss curves: max abs diff {s['loss_max_abs_diff']:.3g} (max rel {s['loss_max_rel_diff']:.3g}), "
                  f"rtol {LOSS_RTOL:g}: {'OK' if s['loss_match'] else 'MISMATCH'}; first/last loss "
                  f"{s['variants'][0]['loss'][0]:.4f} / {s['variants'][0]['loss'][-1]:.4f}")

@@ -1,9 +1,11 @@
 """The probe says what it is doing: it runs once per group for seconds to tens of seconds (the first
 zen.predict, scheme "auto"), so it logs (logger "zen", INFO) what it probes before it starts, each phase,
-and when it is done; zen itself configures no logging."""
+and when it is done; zen itself configures no logging. Its rates stay finite where noise swamps a slope."""
 import logging
 import re
 import time
+
+import pytest
 
 from distributed import run_ranks
 
@@ -37,3 +39,17 @@ def test_the_probe_logs_what_it_measures_and_how_long_it_took():
         assert [m for m in messages if "links probed in" in m] and [m for m in messages if "calibration" in m]
         done = re.fullmatch(rf"zen: rank {rank}: probe done in ([0-9.]+) s", last)
         assert done and 0 < float(done.group(1)) <= seconds + 0.05, (last, seconds)
+
+
+def test_a_rate_from_sizes_whose_times_noise_swamps_stays_finite_and_bounded():
+    """t(b) = c + b / r: the slope between u and 4u gives r where their difference shows, and the 4u send less
+    its fixed cost where it does not (a 4u send measured as fast as, or faster than, the u one)."""
+    from zen.measurement.probe import slope_rate
+
+    u, r, c = 1 << 20, 1e9, 1e-3
+    assert slope_rate(u, c + u / r, c + 4 * u / r, c) == pytest.approx(r)
+    assert slope_rate(u, c + u / r, c + 4 * u / r) == pytest.approx(r)  # the slope needs no fixed cost
+    for one, four in [(2e-3, 2e-3), (3e-3, 2e-3), (2e-3, 2.1e-3)]:  # the difference lost in noise
+        rate = slope_rate(u, one, four, c)
+        assert rate == pytest.approx(4 * u / (four - c)) and 0 < rate < 1e10, (one, four, rate)
+    assert slope_rate(u, 2e-3, 2e-3, 5e-3) == pytest.approx(4 * u / 1e-3)  # c at most half of t(4u)

@@ -261,9 +261,12 @@ def _run_predict_and_auto(rank, world):
         stats = {}
         comm.submit(lambda: run_call(comm, t, auto, "auto", stats)).wait()
         assert torch.equal(t, torch.full_like(t, float(world)) if call >= 3 else _one_hot_sum(world, 30000))
-        picks.append((stats["auto"]["choice"], stats["auto"]["measured"]))
-    assert [m for _, m in picks] == [True, False, False, True, False, False], picks
+        picks.append((stats["auto"]["choice"], stats["auto"]["measured"], "scan" in stats.get("phases", {})))
+    assert [m for _, m, _ in picks] == [True, False, False, True, False, False], picks
     assert picks[3][0] == "dense" and picks[0][0] != "dense", picks
+    # a measuring call scans for the non-zeros; a trial or a settled call of dense sends the tensor unscanned
+    unscanned = [not scan for choice, measured, scan in picks if choice == "dense" and not measured]
+    assert picks[3][2] and unscanned and all(unscanned), picks
     out.append(("recheck", picks))
 
     # trials: every candidate within the margin runs 2 timed calls, interleaved in order of prediction; the
@@ -292,8 +295,10 @@ def _run_predict_and_auto(rank, world):
     out.append(("trials", (trials, medians)))
 
     # ZenState(scheme="auto") in DDP: the same gradients as DDP's own allreduce.
-    with_zen, plain = _ddp_grads(rank, world, "auto"), _ddp_grads(rank, world, None)
+    (with_zen, summary), (plain, _) = _ddp_grads(rank, world, "auto"), _ddp_grads(rank, world, None)
     out.append(("ddp", all(torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(with_zen, plain))))
+    # its summary tells the measuring apart: the first call of a bucket measures, within the collectives' time
+    out.append(("summary", 0 < summary["auto_seconds"] <= summary["seconds"] and summary["auto_trials"] >= 0))
 
     # ranks that disagree on the tensor raise alike, even though their auto histories differ.
     size = 5000 if rank == 0 else 5001
@@ -320,12 +325,13 @@ def _ddp_grads(rank, world, scheme):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(300, 8), torch.nn.Flatten(), torch.nn.Linear(32, 1))
     ddp = DistributedDataParallel(model)
-    if scheme is not None:
-        ddp.register_comm_hook(zen.ZenState(scheme=scheme), zen.zen_hook)
+    state = zen.ZenState(scheme=scheme) if scheme is not None else None
+    if state is not None:
+        ddp.register_comm_hook(state, zen.zen_hook)
     tokens = torch.randint(0, 300, (5, 4), generator=torch.Generator().manual_seed(rank))
     ddp(tokens).pow(2).sum().backward()
     dist.barrier()
-    return [p.grad.clone() for p in model.parameters()]
+    return [p.grad.clone() for p in model.parameters()], state.summary() if state else None
 
 
 def _run_world(rank, world, with_predict):
@@ -361,7 +367,7 @@ def test_schemes(world):
     outcomes = [outcome for _, outcome, _ in results]
     assert all(o == outcomes[0] for o in outcomes), outcomes  # every rank picked the same
     outcome = dict(outcomes[0])
-    assert outcome["ddp"] is True
+    assert outcome["ddp"] is True and outcome["summary"] is True
     assert outcome["mismatch"] is True
     profiles = [profile for _, _, profile in results]
     assert all(p == profiles[0] for p in profiles)

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from . import wire
+from . import ops, wire
 from .cost import choose, predict_times
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
@@ -79,6 +79,25 @@ class Auto(Scheme):
         """Settings that decide the protocol (when to measure, what to pick from); checked in the agreement."""
         return (tuple(self.schemes), self.warmup, self.recheck, self.block_size, self.trials,
                 round(self.trial_margin * 1e6))
+
+    def reduce_dense(self, call: Call, flat):
+        """A call that measures scans ``flat`` for its non-zeros first; a trial or a settled call runs the
+        pick's own :meth:`reduce_dense` (for "dense": no scan at all)."""
+        start = time.perf_counter()
+        key = (flat.numel() // call.block_size, call.block_size)
+        found = []
+
+        def coo():
+            found.append(ops.nonzero_rows(flat, call.block_size))
+            call.mark("scan")
+            return found[0] + (True,)
+
+        name = self._pick(call, key, coo)
+        if found:
+            self.schemes[name].reduce_extracted(call, flat, *found[0])
+        else:
+            self.schemes[name].reduce_dense(call, flat)
+        self._timed(call, key, name, start)
 
     def reduce_extracted(self, call: Call, flat, indices, values):
         start = time.perf_counter()
@@ -133,11 +152,13 @@ class Auto(Scheme):
                 return name
             call.stats["auto"] = dict(choice=history.choice, measured=False)
             return history.choice
+        measuring = time.perf_counter()
         indices, values, dense_input = coo()
         own = self.profile or cached_profile(comm.user_group)
         workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input,
                                         -(-self.block_size // width), own, probe=lambda: probe_now(comm),
                                         row_choice=call.choosing)
+        measuring = time.perf_counter() - measuring
         if own is None:  # keep the agreed profile: the probe runs once per group
             set_profile(comm.user_group, profile)
         times = predict_times(workload, profile, {name: type(scheme) for name, scheme in self.schemes.items()})
@@ -149,7 +170,7 @@ class Auto(Scheme):
         near = [name for name in sorted(mean, key=mean.get) if mean[name] <= self.trial_margin * mean[history.choice]]
         history.trials = near * self.trials if len(near) > 1 and phase == self.warmup - 1 else []
         history.timings = {}
-        call.stats["auto"] = dict(choice=history.choice, predicted=times, measured=True)
+        call.stats["auto"] = dict(choice=history.choice, predicted=times, measured=True, seconds_measuring=measuring)
         return history.choice
 
     def _timed(self, call: Call, key, name: str, start: float) -> None:

@@ -38,7 +38,8 @@ logger = logging.getLogger("zen")
 
 def _no_totals() -> dict:
     """:meth:`ZenState.summary`'s counters before the first bucket."""
-    return dict(steps=0, buckets=0, bytes_sent=0, dense_bytes=0, schemes={}, seconds=0.0)
+    return dict(steps=0, buckets=0, bytes_sent=0, dense_bytes=0, schemes={}, seconds=0.0, auto_seconds=0.0,
+                auto_trials=0)
 
 
 class ZenState:
@@ -175,7 +176,7 @@ class ZenState:
                   for k, v in state["settings"].items() if self.topk_settings().get(k) != v]
         if differ:
             raise ValueError("ZenState.load_state_dict: the checkpoint's settings differ: " + "; ".join(differ))
-        self._totals = dict(state["totals"], schemes=dict(state["totals"]["schemes"]))
+        self._totals = dict(_no_totals(), **state["totals"], schemes=dict(state["totals"]["schemes"]))
         self._residuals = {key: topk.Residual(**r) for key, r in state["residuals"].items()}
         self._selector.load_state_dict(state["selector"])
 
@@ -230,7 +231,8 @@ class ZenState:
         """This rank's totals since the state was made: ``steps``, ``buckets``, ``bytes_sent``, ``dense_bytes``
         (what a ring all-reduce of the same buckets sends: 2 (n-1)/n x their bytes), ``schemes`` (calls per
         scheme; a block of a bucket that went dense counts as "<scheme> (dense)"), ``seconds`` (in zen's
-        collectives, on the lane)."""
+        collectives, on the lane); with ``scheme="auto"``: ``auto_seconds`` (of ``seconds``: its measuring, the
+        profile probe once per group included) and ``auto_trials`` (calls that timed a candidate)."""
         return dict(self._totals, schemes=dict(self._totals["schemes"]))
 
     def _record(self, buffer: torch.Tensor, stats: dict, seconds: float, last: bool) -> None:
@@ -242,6 +244,9 @@ class ZenState:
         for group in stats.get("groups", [stats]):
             name = self.scheme + (" (dense)" if group.get("dense") else "")
             totals["schemes"][name] = totals["schemes"].get(name, 0) + 1
+            auto = group.get("auto", {})
+            totals["auto_seconds"] += auto.get("seconds_measuring", 0.0)
+            totals["auto_trials"] += bool(auto.get("trial"))
         if last:
             totals["steps"] += 1
             if self.log_every and totals["steps"] % self.log_every == 0:

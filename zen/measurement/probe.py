@@ -25,6 +25,17 @@ def _size(b: int) -> str:
     return f"{b / (1 << 20):g} MiB" if b >= 1 << 20 else f"{b / 1024:g} KiB"
 
 
+def slope_rate(unit: int, one: float, four: float, fixed: float = 0.0) -> float:
+    """Bytes/s from the median seconds of sending ``unit`` and 4 ``unit`` bytes. With t(b) = c + b / r, the
+    slope r = 3 u / (t(4u) - t(u)), free of the fixed cost c. Where noise swamps the difference (under an
+    eighth of t(4u), which holds it while c < 20 u / r), that slope can come out any size, even negative:
+    then the 4u send alone, r = 4 u / (t(4u) - c), with ``fixed`` for c, at most half of t(4u)."""
+    difference = four - one
+    if difference > four / 8:
+        return 3 * unit / difference
+    return 4 * unit / (four - min(fixed, four / 2))
+
+
 def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Profile:
     """Measure the group's profile (collective; on the calling thread, which must be the group's lane).
     Every rank measures; the result is the per-field median over the ranks (the same on every rank).
@@ -54,19 +65,19 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
                     "links (zen.set_profile skips it)", me, n, comm.backend, device.type, repeats,
                     _size(message_bytes), _size(most), len(registered()))
 
-    def slope(run, unit, grow=True):
+    def slope(run, unit, grow=True, fixed=0.0):
         """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank; collective), from the slope between
         b = unit and b = 4 unit: 3 unit over the difference of their median times over ``repeats`` runs; with
         ``grow``, unit doubles alike on every rank (the slowest decides). Not the median of the per-repeat
         differences: single slow runs spoil a difference when either of its runs is slow, twice as often as
-        a median of one size."""
+        a median of one size. ``fixed``: the primitive's fixed cost, for :func:`slope_rate`."""
         t_one = median_time(lambda: run(unit), repeats)
         while (grow and 2 * unit <= largest_unit
                and comm.all_gather_rows([round(t_one * PS)]).max() < RATE_SECONDS * PS):
             unit *= 2
             t_one = median_time(lambda: run(unit), repeats)
         ones, fours = together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], repeats)
-        return 3 * unit / max(statistics.median(fours) - statistics.median(ones), 1e-9), unit
+        return slope_rate(unit, statistics.median(ones), statistics.median(fours), fixed), unit
 
     if n > 1:
         one = torch.zeros(1, device=device)
@@ -85,7 +96,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         big_in = torch.empty_like(big)
         floats = big.view(torch.float32)
         rates["allreduce"], unit = slope(lambda b: dist.all_reduce(floats[:b * n // (8 * (n - 1))], group=comm.group),
-                                         unit)
+                                         unit, fixed=mine["allreduce"])
         if n > 2:
             # Shaped links refill their token buckets between the ring's 2 (n-1) steps, so all-reduces too
             # small for them overrate it; a ring step alone (to the right, from the left) bounds it. Only a
@@ -100,11 +111,11 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
             piece = b // (n - 1)
             comm.all_to_all(big_in[:piece * n], big[:piece * n], [piece] * n, [piece] * n, piece)
 
-        rates["alltoall"], _ = slope(all_to_all, max(unit, a2a_unit))
+        rates["alltoall"], _ = slope(all_to_all, max(unit, a2a_unit), fixed=mine["alltoall"])
         if comm.reverse_group is not None and n > 2:
             # Smaller all-to-alls go as gloo's own (between two ranks, only the smallest: its rate is
             # left unmeasured there): pieces of 96 and 384 KiB, under DUPLEX_ALL_TO_ALL_BYTES at both ends.
-            rates["alltoall_small"], _ = slope(all_to_all, (96 << 10) * (n - 1), grow=False)
+            rates["alltoall_small"], _ = slope(all_to_all, (96 << 10) * (n - 1), grow=False, fixed=mine["alltoall"])
         peer = me ^ 1 if (me ^ 1) < n else None  # (the last rank of an odd group sits the pairs out)
         peers = [peer] if peer is not None else []
 
