@@ -410,7 +410,7 @@ def format_report(s):
                  f"{z['dense_buckets']:.1f} of them sent dense (mean); its {s['warmup'] + s['steps']} steps took {s['zen_run_s']:.2f} s, "
                  f"{s['hook_s']:.2f} s of it in the hook's collectives (summary()['seconds'], slowest rank)")
     if s["scheme"] == "auto":
-        lines.append(f"auto's measuring (summary()['auto_seconds'], slowest rank, the profile probe included): "
+        lines.append(f"auto's choosing (summary()['auto_seconds'], slowest rank: measuring, probe, trial calls): "
                      f"{s['auto_s']:.2f} s, {100 * s['auto_s'] / s['zen_run_s']:.1f}% of the run; "
                      f"{s['auto_trials']} trial calls")
     lines.append(f"loss curves: max abs diff {s['loss_max_abs_diff']:.3g} (max rel {s['loss_max_rel_diff']:.3g}), "

@@ -4,7 +4,6 @@ Every multi-rank case runs inside one of two launches (a module fixture each), b
 what costs here; the test functions then check their part of the recorded outcomes. An outcome is
 ("ok", details) or (exception type name, message), per rank.
 """
-import datetime
 import os
 import subprocess
 import sys
@@ -390,82 +389,13 @@ def test_scheme_and_state_settings_are_validated():
 
 
 # --- launch 2: faults (4 ranks) -------------------------------------------------------------------------
-def failure(fn):
-    """(exception type name, message, the peers it names as global ranks, or None) of what ``fn`` raised;
-    ("ok", "", None) when it returned."""
-    try:
-        fn()
-        return ("ok", "", None)
-    except Exception as error:  # noqa: BLE001  (recorded and checked by the parent)
-        return (type(error).__name__, str(error), getattr(error, "peers", None))
-
-
-def _faults(rank, world, timeout):
-    """Pairs {0, 1} and {2, 3}, each with their own groups.
-
-    0, 1: DDP with zen's hook on group A; rank 1 dies in its second backward (the hook's collective in
-          flight on rank 0). Then rank 0 calls zen.all_reduce on group D, whose peer is already dead.
-    2, 3: rank 3 stalls (alive, never calls) while rank 2 queues three calls on group B (torch's 30 min
-          default timeout; zen's was given to zen.all_reduce), then one call on group C (zen follows C's
-          own timeout); then rank 3 joins a call on group E and dies in its push, after the agreement.
-    Returns what each survivor raised (:func:`failure`) and the seconds it took."""
-    import torch.nn as nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import zen
-
-    td = datetime.timedelta(seconds=timeout)
-    group_a, group_d = dist.new_group([0, 1], timeout=td), dist.new_group([0, 1], timeout=td)
-    group_b = dist.new_group([2, 3])  # torch's default timeout (30 min)
-    group_c, group_e = dist.new_group([2, 3], timeout=td), dist.new_group([2, 3], timeout=td)
-    out = {}
-    if rank in (0, 1):
-        zen.all_reduce(torch.ones(10), group=group_d)  # zen's private group for D exists before the fault
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Embedding(5000, 8), nn.Flatten(), nn.Linear(8 * 4, 2))
-        ddp = DDP(model, process_group=group_a)
-        ddp.register_comm_hook(zen.ZenState(process_group=group_a), zen.zen_hook)
-        for step in range(3):
-            tokens = torch.randint(0, 5000, (16, 4), generator=torch.Generator().manual_seed(rank * 10 + step))
-            loss = ddp(tokens).pow(2).mean()
-            if rank == 1 and step == 1:
-                model[2].weight.register_hook(lambda grad: os._exit(3))  # dies part-way through backward
-            start = time.monotonic()
-            out["ddp"] = failure(loss.backward) + (time.monotonic() - start, step)
-            if out["ddp"][0] != "ok":
-                break
-        start = time.monotonic()
-        out["dead_before"] = failure(lambda: zen.all_reduce(torch.ones(100), group=group_d)) + (time.monotonic() - start,)
-        start = time.monotonic()
-        out["after_broken"] = failure(lambda: zen.all_reduce(torch.ones(100), group=group_d)) + (time.monotonic() - start,)
-        return out
-    zen.all_reduce(torch.ones(10), group=group_b, timeout=timeout)
-    zen.all_reduce(torch.ones(10), group=group_c)
-    zen.all_reduce(torch.ones(10), group=group_e)
-    begin = time.monotonic()
-    if rank == 3:
-        time.sleep(2 * timeout + 3)  # stalled: rank 2's calls on B and C must time out, not wait for it
-        from zen.transport import Comm
-
-        # Dies in the push's all-to-all, after the agreement (whose all-gather also goes as an all-to-all
-        # on gloo, so the patch is zen's primitive, not torch's).
-        Comm.all_to_all = lambda *args, **kwargs: os._exit(3)
-        zen.all_reduce(tensor_for(rank, 1000), group=group_e)
-        return {"unexpected": "survived"}
-    works = [zen.all_reduce(tensor_for(rank, 1000, seed=i), group=group_b, async_op=True) for i in range(3)]
-    out["wait_timeout"] = failure(lambda: works[0].wait(timeout=1.0)) + (time.monotonic() - begin,)
-    out["stalled_b"] = [failure(work.wait) + (time.monotonic() - begin,) for work in works]
-    start = time.monotonic()
-    out["stalled_c"] = failure(lambda: zen.all_reduce(tensor_for(rank, 1000), group=group_c)) + (time.monotonic() - start,)
-    start = time.monotonic()
-    out["dies_during"] = failure(lambda: zen.all_reduce(tensor_for(rank, 1000), group=group_e)) + (time.monotonic() - start,)
-    out["dies_during_waited_for_peer"] = begin + 2 * timeout + 3 - start
-    return out
-
-
 @pytest.fixture(scope="module")
 def faults():
-    return run_ranks(4, _faults, PG_TIMEOUT, timeout=300, pg_timeout=PG_TIMEOUT, expect_dead=(1, 3))
+    """The scenario of benchmarks/faults.py (which prints its timings)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import faults as scenario
+
+    return scenario.run(PG_TIMEOUT)
 
 
 DEAD_1 = "the connection to rank 1 (group rank 1) broke: it died or exited"  # global rank 1 is group rank 1 of {0, 1}

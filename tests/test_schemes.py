@@ -294,6 +294,36 @@ def _run_predict_and_auto(rank, world):
     assert {k: len(v) for k, v in times.items()} == {k: 2 for k in FIXED} and seen[1]["seconds"] == times[trials[0]][0]
     out.append(("trials", (trials, medians)))
 
+    # no profile on some rank (here all but rank 0): no probe, trials alone, on every rank. One call of each
+    # candidate (registered order), then the rest of the trials of those within the margin (here all), then
+    # the smallest median.
+    from zen.measurement.store import cached_profile, clear_profile
+    from zen.schemes import registered
+
+    if rank != 0:
+        clear_profile()
+    auto = Auto(trials=2, trial_margin=1e9)
+    seen = []
+    for call in range(1 + 2 * len(FIXED)):
+        t = data.clone()
+        stats = {}
+        zen.all_reduce(t, scheme=auto, stats=stats)
+        assert torch.equal(t, expected), (call, stats["auto"])
+        seen.append(stats["auto"])
+    order = [name for name in registered() if name != "auto"]
+    assert [s["choice"] for s in seen[:-1]] == order * 2 and all(s.get("trial") for s in seen[:-1]), seen
+    assert not any(s.get("measured") for s in seen) and (rank == 0 or cached_profile() is None), seen
+    medians = seen[-2]["trial_medians"]
+    assert seen[-1] == dict(choice=min(medians, key=medians.get), measured=False), seen[-1]
+    # a margin that keeps only the fastest: one call of each, then the pick
+    auto = Auto(trials=3, trial_margin=1.0)
+    for call in range(len(FIXED) + 1):
+        stats = {}
+        zen.all_reduce(data.clone(), scheme=auto, stats=stats)
+    assert auto.settled(comm, 30011) and set(map(len, auto.trial_times(comm, 30011).values())) == {1}, stats
+    out.append(("untried", medians))
+    zen.set_profile(**PROFILE)
+
     # ZenState(scheme="auto") in DDP: the same gradients as DDP's own allreduce.
     (with_zen, summary), (plain, _) = _ddp_grads(rank, world, "auto"), _ddp_grads(rank, world, None)
     out.append(("ddp", all(torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(with_zen, plain))))

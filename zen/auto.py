@@ -3,7 +3,7 @@ re-checked as densities drift.
 
 For each (group, tensor size M), calls c with c % recheck < warmup are measuring calls: the scheme
 measures the workload (``zen.measurement.workload.measure_now``: nnz, hash and block loads, the exact union by bitmap
-doubling; plus, once per group, the profile probe unless ``zen.set_profile`` gave one), predicts every
+doubling; the group's profile is the one ``zen.set_profile`` gave, or a ``zen.predict`` probed), predicts every
 candidate's time (``zen.cost.predict_times``) and reduces with the smallest mean prediction over the
 measuring calls of the current window. The model's error on a noisy host exceeds the gap between
 the best schemes where they nearly tie, so the next calls are trials: every candidate predicted within
@@ -13,11 +13,18 @@ and the pick is the smallest median time (a median of 3 by default: a scheme's f
 costs, such as zen's index sets I_j). Other calls go straight to the pick. Every number a decision uses
 was exchanged (rank 0's profile, everyone's counts, the calls' times), so all ranks pick the same.
 
+Without a profile on some rank (learnt in the measuring call's agreement), the model cannot rank, and the
+probe that would give one takes seconds to a minute (``Auto(probe=True)`` runs it, once per group): the
+window is ranked by trials alone, as Horovod's autotuner ranks its settings. Every candidate runs one call,
+those within ``trial_margin`` times the fastest run ``trials - 1`` more, and the pick is the smallest median;
+per ``recheck`` calls, that costs one call of each candidate beyond the pick's.
+
 The measurement's first collective is the call's agreement, as the pick's is on the other calls (the
 agreement's row has the same length either way), so ranks that disagree on the tensor fail alike even
 though their histories differ. What "auto" can lose against the best fixed scheme, per ``recheck`` calls:
 the measuring calls (the agreement, floor(log2 n) exchanges of M/8 bytes and an all-gather; the probe once
 per group) and the trial calls of the slower near-ties (at most ``trial_margin`` times the best prediction).
+``ZenState.summary()`` counts the measuring and trial calls' seconds.
 
 ``zen.all_reduce(scheme="auto")`` builds its scheme per call, so ``make_scheme("auto")`` without settings
 returns one shared instance: the history lives as long as the process.
@@ -37,24 +44,33 @@ from .schemes import Call, Scheme, registered
 
 
 class _History:
-    __slots__ = ("calls", "window", "choice", "trials", "timings")
+    __slots__ = ("calls", "window", "choice", "trials", "timings", "by_trials", "pruned")
 
     def __init__(self):
         self.calls, self.window, self.choice = 0, [], None
         self.trials = []  # candidates still to run a trial call, in order
         self.timings = {}  # candidate -> slowest-rank seconds of its trial calls in this window
+        self.by_trials = False  # this window ranks by trials alone (no profile): no measuring calls
+        self.pruned = False  # (by trials) the first round, one call each, has been cut to the near ties
+
+
+class _Unprofiled(Exception):
+    """Raised alike on every rank by a measuring call's agreement when some rank has no profile and "auto"
+    ranks by trials rather than probe."""
 
 
 class Auto(Scheme):
     name = "auto"
 
     def __init__(self, candidates: Optional[Sequence[str]] = None, warmup: int = 1, recheck: int = 100,
-                 block_size: int = 256, profile=None, trials: int = 3, trial_margin: float = 1.5):
+                 block_size: int = 256, profile=None, trials: int = 3, trial_margin: float = 1.5,
+                 probe: bool = False):
         """``candidates``: the registered schemes to pick from (default: all of them, as registered now);
         ``warmup`` measuring calls every ``recheck`` calls (per group and tensor size); then ``trials`` timed
         calls of every candidate predicted within ``trial_margin`` times the best (0 trials: the model's pick
         alone); ``block_size``: OmniReduce's; ``profile``: a :class:`zen.cost.Profile` to use instead of the
-        group's set or probed one (rank 0's counts)."""
+        group's set or probed one (rank 0's counts); ``probe``: where a rank has no profile, probe the group
+        (seconds to a minute, once per group) rather than rank by trials of every candidate."""
         schemes = registered()
         candidates = tuple(schemes) if candidates is None else tuple(candidates)
         if not candidates or "auto" in candidates:
@@ -71,14 +87,14 @@ class Auto(Scheme):
         self.schemes = {name: schemes[name](**({"block_size": block_size} if name == "omnireduce" else {}))
                         for name in candidates}
         self.warmup, self.recheck, self.block_size, self.profile = warmup, recheck, block_size, profile
-        self.trials, self.trial_margin = trials, trial_margin
+        self.trials, self.trial_margin, self.probe = trials, trial_margin, bool(probe)
         self._history = {}  # (comm, numel) -> _History; each group's lane touches its own keys only
         self._lock = threading.Lock()
 
     def agreement_settings(self):
         """Settings that decide the protocol (when to measure, what to pick from); checked in the agreement."""
         return (tuple(self.schemes), self.warmup, self.recheck, self.block_size, self.trials,
-                round(self.trial_margin * 1e6))
+                round(self.trial_margin * 1e6), self.probe)
 
     def reduce_dense(self, call: Call, flat):
         """A call that measures scans ``flat`` for its non-zeros first; a trial or a settled call runs the
@@ -133,7 +149,8 @@ class Auto(Scheme):
 
     def _past_measuring(self, history: _History) -> bool:
         """Whether the next call of ``history`` is past this window's measuring calls (a pick made)."""
-        return history.calls % self.recheck >= self.warmup and history.choice is not None
+        phase = history.calls % self.recheck
+        return (phase >= self.warmup or (history.by_trials and phase > 0)) and history.choice is not None
 
     def _pick(self, call: Call, key, coo) -> str:
         """The scheme for this call (``key``: its (entries, row width)): the model's pick on measuring calls,
@@ -155,9 +172,25 @@ class Auto(Scheme):
         measuring = time.perf_counter()
         indices, values, dense_input = coo()
         own = self.profile or cached_profile(comm.user_group)
-        workload, profile = measure_now(comm, call.agree, indices, values, numel, dense_input,
-                                        -(-self.block_size // width), own, probe=lambda: probe_now(comm),
-                                        row_choice=call.choosing)
+        history.by_trials = False
+
+        def agree(row):  # the call's agreement, of [has a profile, nnz]: where a rank has none, trials decide
+            rows = call.agree(row)
+            if not self.probe and self.trials and any(r[0] == 0 for r in rows.tolist()):
+                raise _Unprofiled()
+            return rows
+
+        try:
+            workload, profile = measure_now(comm, agree, indices, values, numel, dense_input,
+                                            -(-self.block_size // width), own, probe=lambda: probe_now(comm),
+                                            row_choice=call.choosing)
+        except _Unprofiled:
+            names = list(self.schemes)
+            history.window, history.timings, history.by_trials, history.pruned = [], {}, True, False
+            history.choice, history.trials = names[0], names[1:]
+            call.stats["auto"] = dict(choice=names[0], measured=False, trial=True,
+                                      seconds_measuring=time.perf_counter() - measuring)
+            return names[0]
         measuring = time.perf_counter() - measuring
         if own is None:  # keep the agreed profile: the probe runs once per group
             set_profile(comm.user_group, profile)
@@ -187,5 +220,13 @@ class Auto(Scheme):
         call.stats["auto"]["seconds"] = seconds
         if not history.trials:
             medians = {s: statistics.median(t) for s, t in history.timings.items()}
+            if history.by_trials and not history.pruned and self.trials > 1:
+                # one call of each candidate so far: the near ties run the rest of their trials
+                history.pruned = True
+                best = min(medians.values())
+                near = [s for s in self.schemes if medians[s] <= self.trial_margin * best]
+                if len(near) > 1:
+                    history.trials = near * (self.trials - 1)
+                    return
             history.choice = min(medians, key=lambda s: (medians[s], list(self.schemes).index(s)))
             call.stats["auto"]["trial_medians"] = medians

@@ -231,8 +231,8 @@ class ZenState:
         """This rank's totals since the state was made: ``steps``, ``buckets``, ``bytes_sent``, ``dense_bytes``
         (what a ring all-reduce of the same buckets sends: 2 (n-1)/n x their bytes), ``schemes`` (calls per
         scheme; a block of a bucket that went dense counts as "<scheme> (dense)"), ``seconds`` (in zen's
-        collectives, on the lane); with ``scheme="auto"``: ``auto_seconds`` (of ``seconds``: its measuring, the
-        profile probe once per group included) and ``auto_trials`` (calls that timed a candidate)."""
+        collectives, on the lane); with ``scheme="auto"``: ``auto_seconds`` (what it spent choosing: its
+        measuring, the probe where it ran, and its trial calls whole) and ``auto_trials`` (its trial calls)."""
         return dict(self._totals, schemes=dict(self._totals["schemes"]))
 
     def _record(self, buffer: torch.Tensor, stats: dict, seconds: float, last: bool) -> None:
@@ -245,7 +245,7 @@ class ZenState:
             name = self.scheme + (" (dense)" if group.get("dense") else "")
             totals["schemes"][name] = totals["schemes"].get(name, 0) + 1
             auto = group.get("auto", {})
-            totals["auto_seconds"] += auto.get("seconds_measuring", 0.0)
+            totals["auto_seconds"] += auto.get("seconds_measuring", 0.0) + auto.get("seconds", 0.0)
             totals["auto_trials"] += bool(auto.get("trial"))
         if last:
             totals["steps"] += 1
