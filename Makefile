@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: bench test results cuda-check info clean
+.PHONY: bench test results sanitize cuda-check info clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,20 @@ results: $(VENV)/.built
 	mv results/tmp/kernels_cpu.txt results/kernels_cpu.txt
 	{ echo '$$ python benchmarks/memory.py $(MEMORY_ARGS)'; echo; $(PY) benchmarks/memory.py $(MEMORY_ARGS); } > results/tmp/memory.txt
 	mv results/tmp/memory.txt results/memory.txt
+	$(PY) benchmarks/faults.py --json results/faults.json > results/tmp/faults.txt
+	mv results/tmp/faults.txt results/faults.txt
+	$(PY) benchmarks/soak.py --calls 3000 --json results/soak.json > results/tmp/soak.txt
+	mv results/tmp/soak.txt results/soak.txt
+	$(PY) benchmarks/report.py
+
+# AddressSanitizer + UBSan over the CPU kernels' tests, with the date and commit, into results/sanitize.txt.
+# Not in `make results` or CI: the instrumented build alone takes most of half an hour on 2 cores.
+sanitize: $(VENV)/.built
+	mkdir -p results/tmp
+	{ echo '$$ bash benchmarks/sanitize.sh'; echo "date: $$(date -u +%Y-%m-%d)"; \
+	  echo "commit: $$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- csrc zen tests || echo +changes)"; \
+	  PYTHON=$(PY) bash benchmarks/sanitize.sh 2>&1; } > results/tmp/sanitize.txt
+	mv results/tmp/sanitize.txt results/sanitize.txt
 	$(PY) benchmarks/report.py
 
 cuda-check: $(VENV)/.built

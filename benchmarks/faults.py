@@ -122,14 +122,14 @@ CASES = [  # (record key, survivor, what happened)
 
 def table(records, timeout: float) -> str:
     lines = [f"4 local ranks (gloo, loopback), timeout {timeout:g} s; seconds from the call to the exception",
-             f"{'case':<44} {'rank':>4} {'raised':<18} {'seconds':>8}  message"]
+             f"{'case':<48} {'rank':>4} {'raised':<18} {'seconds':>8}  message"]
     for key, rank, what in CASES:
         kind, message, _, seconds = records[rank][key][:4]
         if key == "dies_during":  # rank 3 was still asleep when the call began
             seconds -= max(0.0, records[rank]["dies_during_waited_for_peer"])
-        lines.append(f"{what:<44} {rank:>4} {kind:<18} {seconds:>8.3f}  {message[:70]}")
+        lines.append(f"{what:<48} {rank:>4} {kind:<18} {seconds:>8.3f}  {message[:70]}")
     stalled = records[2]["stalled_b"]
-    lines.append(f"{'stalled peer, zen timeout: 3 queued calls':<44} {2:>4} {stalled[0][0]:<18} {stalled[0][3]:>8.3f}  "
+    lines.append(f"{'stalled peer, zen timeout: 3 queued calls':<48} {2:>4} {stalled[0][0]:<18} {stalled[0][3]:>8.3f}  "
                  f"then {', '.join(k for k, *_ in stalled[1:])} at +{stalled[-1][3] - stalled[0][3]:.3f} s")
     return "\n".join(lines)
 

@@ -489,6 +489,67 @@ def kernels_cpu(res):
     return lines
 
 
+def auto_cost(res):
+    """train.py --scheme auto: what auto spent choosing, against the whole run."""
+    run = res.json("train_lm_2_auto")
+    plain, hooked = run["variants"]
+    return para(f"`python benchmarks/train.py --model lm --world {run['world']} --steps {run['steps']} --scheme "
+                f"auto` ({run['world']} local ranks, {run['params'] / 1e6:.1f}M parameters in "
+                f"{len(run['ddp_bucket_numels'])} buckets, {run['warmup'] + run['steps']} steps): auto spent "
+                f"{run['auto_s']:.2f} s choosing ({run['auto_trials']} trial calls), "
+                f"{100 * run['auto_s'] / run['zen_run_s']:.1f}% of the run's {run['zen_run_s']:.1f} s; its median "
+                f"step {1e3 * hooked['step_median_s']:.1f} ms against plain DDP's {1e3 * plain['step_median_s']:.1f} "
+                f"ms.")
+
+
+def faults(res):
+    """benchmarks/faults.py's timings: what the survivors raised, and when."""
+    run = res.json("faults")
+    rec, t = run["records"], run["timeout"]
+
+    def seconds(rank, key):
+        return rec[rank][key][3]
+
+    stalled = rec[2]["stalled_b"]
+    part_way = seconds(2, "dies_during") - max(0.0, rec[2]["dies_during_waited_for_peer"])
+    return para(f"**Dead peers** (`python benchmarks/faults.py`: 4 local ranks, a {t:g} s timeout): a peer that "
+                f"dies during DDP's backward makes `loss.backward()` raise `{rec[0]['ddp'][0]}` on the survivor in "
+                f"{seconds(0, 'ddp'):.2f} s; a peer dead before the call: {seconds(0, 'dead_before'):.3f} s, "
+                f"and the next call on that group raises `{rec[0]['after_broken'][0]}` in "
+                f"{seconds(0, 'after_broken'):.3f} s; a stalled peer: {stalled[0][3]:.2f} s under zen's timeout "
+                f"and {seconds(2, 'stalled_c'):.2f} s under the group's own, the calls queued behind it "
+                f"{1e3 * (stalled[-1][3] - stalled[0][3]):.0f} ms later; `Work.wait(timeout=1)` raises "
+                f"`{rec[2]['wait_timeout'][0]}` at {seconds(2, 'wait_timeout'):.3f} s; a peer that dies part-way "
+                f"through a call: {part_way:.2f} s after its death.", first="- ", rest="  ")
+
+
+def soak(res):
+    """benchmarks/soak.py's totals and memory slopes."""
+    run = res.json("soak")
+    slopes = [r["slope_mib_per_1000_calls"] for r in run["ranks"]]
+    errors = sum(r["errors"] for r in run["ranks"])
+    n, calls = run["world"], run["calls_per_rank"]
+    return para(f"**Soak** (`python benchmarks/soak.py --calls {calls}`): {n} ranks, {calls:,} calls each "
+                f"({n * calls:,} results), every scheme and the hook, changing sizes, sparsity, dtypes and "
+                f"layouts, in {run['seconds'] / 60:.0f} minutes: {run['wrong']} wrong, {errors} errors; resident "
+                f"memory after warm-up {min(slopes):+.1f} to {max(slopes):+.1f} MiB per 1,000 calls across ranks.",
+                first="- ", rest="  ")
+
+
+def sanitize(res):
+    """benchmarks/sanitize.sh's outcome, with the date and commit it ran on."""
+    text = res.text("sanitize.txt")
+    date, commit = (re.search(rf"^{key}: (\S+)", text, re.M).group(1) for key in ("date", "commit"))
+    summary = re.findall(r"^=*\s*(\d+ passed[^=]*?)\s*=*$", text, re.M)
+    if not summary:
+        raise SystemExit("report: results/sanitize.txt holds no pytest summary")
+    reports = "no reports" if "ERROR: AddressSanitizer" not in text and "runtime error:" not in text else "REPORTS"
+    return para(f"**Sanitizers** (`make sanitize`: AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU "
+                f"kernels, then tests/test_kernels.py and tests/test_fuzz.py under it; results/sanitize.txt): "
+                f"{summary[-1]}, {reports}, on {date} at commit {commit}. Not in CI: the instrumented build alone "
+                f"takes most of half an hour on 2 cores.", first="- ", rest="  ")
+
+
 BLOCKS = {
     "sweep_accuracy": sweep_accuracy,
     "sweep_accuracy#runs": sweep_accuracy_runs,
@@ -506,6 +567,10 @@ BLOCKS = {
     ",".join(DENSE): dense_table,
     "kernels_cpu": kernels_cpu,
     ",".join(HIERARCHY): hierarchy_table,
+    "train_lm_2_auto": auto_cost,
+    "faults": faults,
+    "soak": soak,
+    "sanitize": sanitize,
 }
 
 

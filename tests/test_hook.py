@@ -180,6 +180,25 @@ def test_hook_averages_and_goes_dense_when_dense():
     assert all(run_ranks(2, _hook_contract))
 
 
+def _mismatched_schemes(rank, world):
+    """Rank 0 hooks "zen", rank 1 "sparcml": what ``loss.backward()`` raises on each."""
+    import zen
+
+    torch.manual_seed(0)
+    state = zen.ZenState(scheme="zen" if rank == 0 else "sparcml")
+    try:
+        train(EmbeddingModel(vocab=2000), {}, state, rank, 1, False)
+    except Exception as error:  # noqa: BLE001  (the parent checks its type)
+        return type(error), str(error)
+    return None, ""
+
+
+def test_an_error_in_the_hook_reaches_backward_with_its_type():
+    """DDP's reducer would read a failed future as "RuntimeError: Unable to cast <error> to Tensor"."""
+    for kind, message in run_ranks(2, _mismatched_schemes):
+        assert kind.__name__ == "MismatchError" and "scheme" in message, (kind, message)
+
+
 def test_state_validates_settings():
     import zen
 

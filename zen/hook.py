@@ -176,7 +176,7 @@ class ZenState:
                   for k, v in state["settings"].items() if self.topk_settings().get(k) != v]
         if differ:
             raise ValueError("ZenState.load_state_dict: the checkpoint's settings differ: " + "; ".join(differ))
-        self._totals = dict(_no_totals(), **state["totals"], schemes=dict(state["totals"]["schemes"]))
+        self._totals = {**_no_totals(), **state["totals"], "schemes": dict(state["totals"]["schemes"])}
         self._residuals = {key: topk.Residual(**r) for key, r in state["residuals"].items()}
         self._selector.load_state_dict(state["selector"])
 
@@ -376,4 +376,9 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
         return buffer
 
     stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
-    return comm.submit(job, stream)
+    future = comm.submit(job, stream)
+    if torch._C._current_graph_task_id() != -1:
+        # DDP's reducer reads a failed future's value as a tensor ("Unable to cast <the error> to Tensor"): the
+        # error's type is lost. A callback of this backward, run before DDP's own, waits first and raises it whole.
+        torch.autograd.Variable._execution_engine.queue_callback(future.wait)
+    return future
