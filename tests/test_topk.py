@@ -133,14 +133,15 @@ def _reference_step(grad, residual, ratio, world):
     return sent, acc - sent
 
 
-def _hook_matches_reference(rank, world, scheme):
+def _hook_matches_reference(rank, world, scheme, hierarchy):
     import zen
 
     torch.manual_seed(0)
     # A large matrix (sparsified), a bias (dense), as DDP's bucket lays them out.
     params = [torch.empty(64, 100), torch.empty(10)]
     numel = sum(p.numel() for p in params)
-    state = zen.ZenState(scheme=scheme, topk_ratio=0.05, warmup_steps=2, selection="exact")
+    state = zen.ZenState(scheme=scheme, topk_ratio=0.05, warmup_steps=2, selection="exact", hierarchy=hierarchy,
+                         local_size=2)
     residual = torch.zeros(6400)
     for step in range(5):
         # Half-integers with distinct magnitudes: every sum is exact, the top-k is unique.
@@ -157,14 +158,16 @@ def _hook_matches_reference(rank, world, scheme):
             dist.all_reduce(ref)
             assert torch.equal(state._residuals[0].error, residual)
             assert state.last_stats["sent"] == 320
+            assert state.last_stats["hierarchy"] == hierarchy
         assert torch.equal(out, ref), (rank, step)
     assert state.summary()["steps"] == 5
     return state.summary()["bytes_sent"], state.summary()["dense_bytes"]
 
 
-@pytest.mark.parametrize("scheme", ["zen", "agsparse", "auto"])
-def test_hook_topk_equals_allreduce_of_the_reference_selection(scheme):
-    for sent, dense in run_ranks(2, _hook_matches_reference, scheme):
+@pytest.mark.parametrize("scheme,hierarchy,world", [("zen", "flat", 2), ("agsparse", "flat", 2), ("auto", "flat", 2),
+                                                     ("zen", "node", 4)])
+def test_hook_topk_equals_allreduce_of_the_reference_selection(scheme, hierarchy, world):
+    for sent, dense in run_ranks(world, _hook_matches_reference, scheme, hierarchy):
         assert 0 < sent < dense
 
 

@@ -119,8 +119,10 @@ class Hierarchy:
         """One all-reduce on ``comm``'s lane, flat (:func:`zen.schemes.call.run_call`) or by nodes, as ``hierarchy``
         says; the arguments as run_call's. ``stats`` gets "hierarchy" (what ran) besides the scheme's."""
         if hierarchy == "flat" or comm.world == 1:
-            return run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments,
-                            value_dtype=value_dtype)
+            run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype=value_dtype)
+            if stats is not None:
+                stats["hierarchy"] = "flat"
+            return tensor
         topology = self.topology(comm, local_size)
         mode = self._mode(comm, topology, hierarchy)
         key = (comm, topology.nodes, _tensor_key(tensor), block_size)

@@ -333,6 +333,7 @@ def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor
                        hierarchy=state.hierarchy, local_size=state.local_size)
         else:
             run_call(comm, buffer, scheme, state.scheme, stats, block_size=1, keep=keep, value_dtype=state.value_dtype)
+            stats["hierarchy"] = "flat"  # the owners' threshold is over the whole group
         reached = stats.pop("kept", None)
         if reached is not None and state.error_feedback:
             stats["returned"] = topk.return_unsent(parts, sent_idx, sent_val, reached, buffer.numel())
