@@ -27,9 +27,9 @@ WIRE_ONLY = Profile(bandwidth=B, latency=0.0, **NO_LOCAL)
 
 
 def agree_bytes(n, ints):
-    """The agreement all-gather's wire time: (n-1) * 8 bytes per int of its row (9 header fields, the count of
+    """The agreement all-gather's wire time: (n-1) * 8 bytes per int of its row (11 header fields, the count of
     the extra ints, and max(extra, n + 8) slots)."""
-    return (n - 1) * 8 * (9 + 1 + max(ints, n + 8)) / B
+    return (n - 1) * 8 * (11 + 1 + max(ints, n + 8)) / B
 
 
 def uniform(numel, n, nnz, gamma, **kw):

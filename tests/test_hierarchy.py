@@ -139,6 +139,33 @@ def test_bad_input_raises_on_every_rank():
         assert value == 4.0
 
 
+def _mixed_settings(rank, world):
+    import zen
+
+    messages = []
+    # Rank 0 alone: flat, another local_size, "auto", each on the first call that would look for the nodes.
+    for mine in (dict(hierarchy="flat", local_size=2), dict(hierarchy="node", local_size=4),
+                 dict(hierarchy="auto", local_size=2)):
+        try:
+            zen.all_reduce(torch.ones(100), **(mine if rank == 0 else dict(hierarchy="node", local_size=2)))
+        except zen.MismatchError as error:
+            messages.append(str(error))
+    y = torch.ones(10)
+    zen.all_reduce(y, hierarchy="node", local_size=2)  # the group is still usable
+    return messages, y[0].item()
+
+
+def test_ranks_with_different_hierarchy_settings_all_raise():
+    results = run_ranks(4, _mixed_settings)
+    for messages, value in results:
+        assert len(messages) == 3 and all("hierarchy is" in m for m in messages)
+        assert "'flat' (local_size 2) on ranks [0]; 'node' (local_size 2) on ranks [1, 2, 3]" in messages[0]
+        assert "'node' (local_size 4) on ranks [0]" in messages[1]
+        assert "'auto' (local_size 2) on ranks [0]" in messages[2]
+        assert value == 4.0
+    assert all(r == results[0] for r in results)
+
+
 def _auto(rank, world):
     import zen
     from zen.hierarchy import POLICY

@@ -15,7 +15,7 @@ LAYERS = {
     "zen.cost": 4,
     "zen.schemes": 5,
     "zen.measurement": 6,
-    "zen.auto": 7, "zen.topk": 7, "zen.hierarchy": 7, "zen.hierarchy_coo": 7,
+    "zen.auto": 7, "zen.topk": 7, "zen.hierarchy": 7, "zen.hierarchy_coo": 7, "zen.hierarchy_strided": 7,
     "zen": 8, "zen.collective": 8, "zen.hook": 8, "zen.prediction": 8, "zen.planner": 8, "zen.info": 8,
     "zen.local": 8,
 }

@@ -161,6 +161,11 @@ def _errors(rank, world):
     sparse = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones((1,) + dense_dims), (10,) + dense_dims,
                                      check_invariants=True)
     out["dense dims"] = error_of(lambda: zen.all_reduce(sparse))
+    # the same shape, split differently between sparse and dense dims
+    sparse = (torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 4), (10, 4)) if rank == 0 else
+              torch.sparse_coo_tensor(torch.tensor([[1], [2]]), torch.ones(1), (10, 4)))
+    for scheme in ("zen", "agsparse", "sparcml", "omnireduce", "dense"):
+        out[f"sparse dims {scheme}"] = error_of(lambda: zen.all_reduce(sparse.clone(), scheme=scheme))
     out["coo block"] = error_of(lambda: zen.all_reduce(
         torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 4), (10, 4), check_invariants=True), block_size=2))
     x = torch.ones(10, 6)
@@ -176,6 +181,8 @@ def test_bad_block_size_raises_on_every_rank():
         assert "block_size" in out["disagree"] and "6 on ranks [0]" in out["disagree"]
         assert "rank 0" in out["zero"] and "positive int" in out["zero"]
         assert "shape" in out["dense dims"] and "(10, 4)" in out["dense dims"]
+        for scheme in ("zen", "agsparse", "sparcml", "omnireduce", "dense"):
+            assert "sparse_dim is 1 on ranks [0]; 2 on ranks [1]" in out[f"sparse dims {scheme}"]
         assert "rows of its dense dims" in out["coo block"]
         assert out["after"] == 2 * 60
     assert len({tuple(sorted(r.items())) for r in results}) == 1  # the same errors on both ranks
@@ -238,3 +245,56 @@ def test_hook_mixed_bucket_every_scheme():
         # rows of 16 (embedding and weight, reduced together), elements (the bias, the small matrix and the
         # top-k matrix, whose 40 elements lie in about 40 of its rows of 30)
         assert all(blocks == [1, 16] for scheme, blocks in chosen.items() if scheme != "dense"), chosen
+
+
+def _large_sparse_auto(rank, world, profiled):
+    """``scheme="auto"`` on a sparse COO gradient of 20M rows of 16 floats (1.28 GB dense), three rows non-zero
+    per rank, fresh (no history; with or without a profile): every call against dist.all_reduce of the rows
+    any rank touches; the schemes auto ran; this rank's peak memory growth."""
+    import resource
+
+    import torch.distributed as dist
+
+    import zen
+    from zen.auto import Auto
+    from zen.measurement.store import clear_profile
+
+    num_rows, width = 20_000_000, 16
+    if profiled:
+        zen.set_profile(**PROFILE)
+    else:
+        clear_profile()
+    auto = Auto()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    chosen = []
+    for call in range(6):
+        def rows_of(r):  # its own row, a row every rank has, the last row
+            return [r, 5000 + call, num_rows - 1]
+        union = sorted({row for r in range(world) for row in rows_of(r)})
+        values = row_sparse(3, width, [0, 1, 2], 10 * call + rank)
+        tensor = torch.sparse_coo_tensor(torch.tensor([rows_of(rank)]), values, (num_rows, width),
+                                         check_invariants=False)
+        want = torch.zeros(len(union), width)
+        want[[union.index(row) for row in rows_of(rank)]] = values
+        dist.all_reduce(want)
+        stats = {}
+        zen.all_reduce(tensor, scheme=auto, stats=stats)
+        got = tensor.coalesce()
+        assert got.indices()[0].tolist() == union and torch.equal(got.values(), want), (call, stats["auto"])
+        chosen.append(stats["auto"]["choice"])
+    growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # ru_maxrss: KiB on Linux
+    return chosen, growth
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+def test_auto_never_densifies_a_large_sparse_gradient(profiled):
+    """The dense tensor (1.28 GB) is far larger than every rank's rows together: auto neither tries "dense"
+    (without a profile its first calls run each candidate once) nor picks it, so no rank builds it."""
+    from zen.schemes import registered
+
+    sparse_schemes = [name for name in registered() if name != "dense"]
+    for chosen, growth in run_ranks(2, _large_sparse_auto, profiled, timeout=300):
+        assert "dense" not in chosen, chosen
+        if not profiled:  # one trial of each candidate first, in registered order
+            assert chosen[:len(sparse_schemes)] == sparse_schemes, chosen
+        assert growth < 200e6, growth

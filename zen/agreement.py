@@ -1,7 +1,8 @@
 """The agreement: the first exchange of every zen call, which makes every rank fail alike.
 
 Every rank all-gathers one row: its call's header (what it was asked to sum: numel, dtype, shape, scheme,
-layout, device, the scheme's settings, and a :class:`Problem` code when it cannot take part), then the
+layout and sparse dims, device, the scheme's settings, block size, hierarchy setting, and a :class:`Problem`
+code when it cannot take part), then the
 scheme's own numbers (its sizes, piggybacked so the call needs one round trip, not two). Every rank sees
 the same rows, so every rank makes the same decision:
 
@@ -33,7 +34,10 @@ DEVICE_TYPES = ["cpu", "cuda", "meta", "xpu", "mps", "hpu", "mtia", "privateuseo
 LAYOUTS = {0: "strided", 1: "sparse_coo"}
 BACKEND_DEVICES = {"gloo": {"cpu"}, "nccl": {"cuda"}, "mpi": {"cpu", "cuda"}}
 
-HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "device", "settings", "block_size", "problem"]
+HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "sparse_dim", "device", "settings", "block_size",
+                 "hierarchy", "problem"]
+# The hierarchy settings of a call (zen.hierarchy); the header carries the setting and local_size.
+HIERARCHIES = ("auto", "flat", "node")
 # Slots after header + [len(extra)] beyond one per rank: a rank's problem message has room even at n = 1.
 SLACK = 8
 _TEXT_SLOTS = 32  # int64 slots of the text exchanged to name a shape or a scheme that differs
@@ -114,6 +118,15 @@ def block_size_code(block_size) -> int:
     return block_size if isinstance(block_size, int) and not isinstance(block_size, bool) and block_size > 0 else -1
 
 
+def hierarchy_code(hierarchy: Optional[tuple]) -> int:
+    """The header's hierarchy: 0 where the caller gives none (zen.predict's measurement), else the setting
+    (1 + its index in HIERARCHIES) in the high 32 bits and local_size (0: None) in the low ones."""
+    if hierarchy is None:
+        return 0
+    setting, local_size = hierarchy
+    return (1 + HIERARCHIES.index(setting)) << 32 | (local_size or 0) & 0xFFFFFFFF
+
+
 def _block_size_problem(tensor: torch.Tensor, block_size) -> str:
     """Why ``block_size`` cannot reduce ``tensor`` ("" when it can)."""
     if block_size is None:
@@ -130,14 +143,16 @@ def _block_size_problem(tensor: torch.Tensor, block_size) -> str:
 
 
 def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend: str,
-                 allowed: Sequence[str] = (), block_size=None) -> Tuple[List[int], str]:
+                 allowed: Sequence[str] = (), block_size=None, hierarchy: Optional[tuple] = None) -> Tuple[List[int], str]:
     """The header of a call and, when this rank cannot take part, the reason (the header's ``problem``
     field is then non-zero): every rank learns it in the agreement and raises alike.
 
     ``known_scheme``: whether ``scheme_name`` names a scheme this rank can run (``allowed``: the names it
     can, for the error); ``settings``: the scheme's settings that decide its protocol (a tuple, or None),
     which every rank must share; ``block_size``: the entries' size asked for (None: chosen per call), which
-    must divide the tensor and be the same on every rank."""
+    must divide the tensor and be the same on every rank; ``hierarchy``: (setting, local_size) of a call of
+    :mod:`zen.hierarchy`, alike on every rank (a rank that runs flat and one that looks for the nodes first
+    meet in the same agreement, where the field tells them apart)."""
     is_tensor = isinstance(tensor, torch.Tensor)
     device = tensor.device.type if is_tensor else "cpu"
     dtype = tensor.dtype if is_tensor else torch.float32
@@ -147,9 +162,11 @@ def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend
         shape_code(tensor.shape) if is_tensor else 0,
         text_code(scheme_name),
         (1 if tensor.layout == torch.sparse_coo else 0 if tensor.layout == torch.strided else 2) if is_tensor else 0,
+        tensor.sparse_dim() if is_tensor and tensor.layout == torch.sparse_coo else 0,
         _code(device, DEVICE_TYPES),
         text_code(settings) if settings is not None else 0,
         block_size_code(block_size),
+        hierarchy_code(hierarchy),
         Problem.NONE,
     ]
     problem, detail = Problem.NONE, ""
@@ -212,6 +229,11 @@ def describe(field: str, value: int) -> str:
         return f"{field}#{value:08x}"
     if field == "block_size":
         return "None (chosen per call)" if value == 0 else str(value)
+    if field == "hierarchy":
+        if value == 0:
+            return "none"
+        setting = HIERARCHIES[(value >> 32) - 1] if 0 < value >> 32 <= len(HIERARCHIES) else "another"
+        return repr(setting) + (f" (local_size {value & 0xFFFFFFFF})" if value & 0xFFFFFFFF else "")
     return str(value)
 
 

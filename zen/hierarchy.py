@@ -21,9 +21,11 @@ take fewer bytes than the tensor (:class:`Scan`, :func:`zen.cost.terms.node_phas
 
 Errors as in the flat call: bad input on any rank makes every rank raise a :class:`zen.MismatchError`. The
 node's agreement (on its fast links) comes first; a node that fails it reports to the other nodes in the
-cross step's agreement, where they raise too. Every rank must use the same ``hierarchy`` and ``local_size``
-(a flat call and a node call start on different groups: ranks that differ wait on each other until the
-group's timeout, then raise :class:`zen.PeerError`).
+cross step's agreement, where they raise too. Every rank must use the same ``hierarchy`` and ``local_size``:
+the first call that looks for the nodes does so in an agreement on the whole group, where a rank that runs
+flat (or with another setting) meets it, and every rank raises :class:`zen.MismatchError` naming them. Once
+the nodes are known, a rank that changes its setting alone starts on other groups than its peers: they wait
+on each other until the group's timeout, then raise :class:`zen.PeerError`.
 
 ``"auto"`` times both: on the first calls of each (group, tensor size) the node and the flat protocol take
 turns (``trials`` calls each, every call timed from the last rank's start to the last one's end and the
@@ -41,16 +43,14 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import agreement, ops, wire
-from .agreement import MismatchError, Problem
+from . import agreement, ops
+from .agreement import HIERARCHIES, MismatchError, Problem
 from .measurement.timing import call_seconds, clock_id
 from .schemes.call import Segment, decide_rows, run_call, scan_rows, segment_entries
 from .hierarchy_coo import node_sparse
+from .hierarchy_strided import node_strided, shard_segments
 from .topology import Topology, detect, node_comms
 from .transport import Comm
-
-HIERARCHIES = ("auto", "flat", "node")
-
 
 def check_hierarchy(owner: str, hierarchy, local_size) -> None:
     """A ValueError naming the setting, where ``hierarchy`` or ``local_size`` is not allowed."""
@@ -75,12 +75,6 @@ def shard_bounds(segments: Sequence[Segment], parts: int) -> list:
     return bounds
 
 
-def shard_segments(segments: Sequence[Segment], lo: int, hi: int) -> list:
-    """The parts of ``segments`` within [lo, hi), as segments of that shard (offsets from lo)."""
-    return [(max(offset, lo) - lo, min(offset + numel, hi) - max(offset, lo), row)
-            for offset, numel, row in segments if offset < hi and offset + numel > lo]
-
-
 class _Trials:
     __slots__ = ("calls", "times", "choice")
 
@@ -98,13 +92,15 @@ class Hierarchy:
         self._warned = set()
         self._lock = threading.Lock()
 
-    def topology(self, comm: Comm, local_size: Optional[int]) -> Topology:
-        """``comm``'s nodes, found on first use (collective; a failure there breaks the group on this rank)."""
+    def topology(self, comm: Comm, local_size: Optional[int], agreement_of=None) -> Topology:
+        """``comm``'s nodes, found on first use (collective; a failure there breaks the group on this rank).
+        ``agreement_of``: a function giving the (header, detail, shape, scheme name) of the call that needs them,
+        for the agreement that finds them (:func:`zen.topology.detect`)."""
         key = (comm, local_size)
         if key not in self._topologies:
             comm.check_usable()
             try:
-                self._topologies[key] = detect(comm, local_size)
+                self._topologies[key] = detect(comm, local_size, *(agreement_of() if agreement_of else ()))
             except MismatchError:
                 raise
             except BaseException as error:  # noqa: B036  (the exchange failed: a dead peer, a timeout)
@@ -118,12 +114,15 @@ class Hierarchy:
             value_dtype: Optional[torch.dtype] = None):
         """One all-reduce on ``comm``'s lane, flat (:func:`zen.schemes.call.run_call`) or by nodes, as ``hierarchy``
         says; the arguments as run_call's. ``stats`` gets "hierarchy" (what ran) besides the scheme's."""
+        setting = (hierarchy, local_size)
         if hierarchy == "flat" or comm.world == 1:
-            run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype=value_dtype)
+            run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype=value_dtype,
+                     hierarchy=setting)
             if stats is not None:
                 stats["hierarchy"] = "flat"
             return tensor
-        topology = self.topology(comm, local_size)
+        topology = self.topology(comm, local_size,
+                                 lambda: _call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting))
         mode = self._mode(comm, topology, hierarchy)
         key = (comm, topology.nodes, _tensor_key(tensor), block_size)
         trial = None
@@ -131,9 +130,11 @@ class Hierarchy:
             mode, trial = self._next(key)
         start = time.perf_counter()
         if mode == "flat":
-            run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype=value_dtype)
+            run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype=value_dtype,
+                     hierarchy=setting)
         else:
-            node_call(comm, topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype)
+            node_call(comm, topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype,
+                      setting)
         if stats is not None:
             stats["hierarchy"] = mode
         if trial is not None:
@@ -197,17 +198,24 @@ def _tensor_key(tensor) -> tuple:
 POLICY = Hierarchy()
 
 
+def _call_header(comm: Comm, tensor, scheme, scheme_name, allowed, block_size, setting) -> tuple:
+    """(header, detail, shape, scheme name) of a call, as its agreement takes them (run_call's, for a flat call)."""
+    settings = scheme.agreement_settings() if scheme is not None else None
+    header, detail = agreement.inspect_call(tensor, scheme_name if scheme_name is not None else
+                                            getattr(scheme, "name", None), scheme is not None, settings,
+                                            comm.backend, allowed, block_size, setting)
+    shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
+    return header, detail, shape, str(scheme_name if scheme_name is not None else getattr(scheme, "name", None))
+
+
 def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments,
-              value_dtype) -> None:
-    """The three steps of the module docstring, for ``comm``'s rank in ``topology`` (equal nodes)."""
+              value_dtype, setting) -> None:
+    """The three steps of the module docstring, for ``comm``'s rank in ``topology`` (equal nodes); ``setting``:
+    the call's (hierarchy, local_size), for its agreements."""
     intra, cross = node_comms(comm, topology)
     for sub in (intra, cross):
         sub.check_usable()
-    name = str(scheme_name if scheme_name is not None else getattr(scheme, "name", None))
-    settings = scheme.agreement_settings() if scheme is not None else None
-    header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend,
-                                            allowed, block_size)
-    shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
+    header, detail, shape, name = _call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting)
     node = topology.node_of(comm.rank)
     scan = None
     if not detail and tensor.layout == torch.strided and tensor.numel():
@@ -239,14 +247,14 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
     try:
         with torch.no_grad():
             if tensor.layout == torch.sparse_coo:
-                phases = node_sparse(intra, cross, tensor, scheme, name, cross_stats, allowed, block_size)
+                phases = node_sparse(intra, cross, tensor, scheme, name, cross_stats, allowed, block_size, setting)
             elif scan is None:  # nothing to sum: the cross step's agreement still checks every node
-                run_call(cross, tensor, scheme, name, cross_stats, allowed, block_size, whole=tensor)
+                run_call(cross, tensor, scheme, name, cross_stats, allowed, block_size, whole=tensor, hierarchy=setting)
                 phases = dict(intra_bytes=0)
             else:
                 scan.plan(rows, intra.world)
-                phases = _node_strided(intra, cross, tensor, scan, scheme, name, cross_stats, allowed,
-                                       block_size, value_dtype)
+                phases = node_strided(intra, cross, tensor, scan, scheme, name, cross_stats, allowed,
+                                       block_size, value_dtype, setting)
     except MismatchError:
         raise  # raised by the cross step's agreement, alike on every rank
     except BaseException as error:  # noqa: B036  (part-way: the ranks are out of step)
@@ -327,126 +335,3 @@ class Scan:
                                              empty if b == 1 else empty.new_empty(0, b)))
         return {b: (torch.cat([s for s, _ in parts]), torch.cat([v for _, v in parts]))
                 for b, parts in sorted(groups.items())}
-
-
-def _positions(starts: torch.Tensor, b: int) -> torch.Tensor:
-    """The element offsets of entries of b values starting at ``starts``."""
-    return starts if b == 1 else (starts[:, None] + torch.arange(b, device=starts.device)).reshape(-1)
-
-
-def _pack(groups: dict, cuts) -> tuple:
-    """The pieces of ``groups`` ({b: (starts, values)}) for each part j (entries of [cuts[j], cuts[j+1])), each
-    piece the COO pieces of the block sizes in order; returns (buffer, byte splits, counts row: per part, per b)."""
-    pieces, counts = [[] for _ in range(len(cuts) - 1)], []
-    for b, (starts, values) in groups.items():
-        owner = torch.searchsorted(starts.new_tensor(cuts[1:-1]), starts, right=True)
-        per = torch.bincount(owner, minlength=len(cuts) - 1).tolist()
-        buf, splits = wire.pack_coo_pieces(starts, values, per)
-        for j, piece in enumerate(wire.split(buf, splits)):
-            pieces[j].append(piece)
-        counts.append(per)
-    counts = [c for j in range(len(cuts) - 1) for c in (per[j] for per in counts)]
-    parts = [torch.cat(p) if p else torch.empty(0, dtype=torch.uint8) for p in pieces]
-    return torch.cat(parts), [p.numel() for p in parts], counts
-
-
-def _packed_bytes(counts, sizes, element_size: int) -> int:
-    """Bytes of one piece of :func:`_pack` holding counts[i] entries of block size sizes[i]."""
-    return sum(wire.coo_bytes(c, 8, b * element_size) for b, c in zip(sizes, counts))
-
-
-def _unpack(buf: torch.Tensor, counts, sizes, dtype) -> list:
-    """[(b, starts, values)] of one rank's piece of :func:`_pack` (``counts``: per block size in ``sizes``)."""
-    out, at = [], 0
-    for b, count in zip(sizes, counts):
-        nbytes = wire.coo_bytes(count, 8, b * torch.empty(0, dtype=dtype).element_size())
-        out.append((b,) + wire.unpack_coo(buf[at:at + nbytes], count, torch.int64, dtype, b))
-        at += nbytes
-    return out
-
-
-def _touched_rows(flat: torch.Tensor, lo: int, parts, starts: torch.Tensor) -> tuple:
-    """What ``zen.schemes.call.scan_rows`` finds in the shard at ``lo`` (its segments ``parts``), from ``starts``:
-    the element offsets in ``flat`` of every entry summed into the shard (so every non-zero lies in an entry
-    starting there): the rows they touch, less those that summed to zero."""
-    sizes = sorted({row for _, _, row in parts if row > 1})
-    counts, extracted = [0] * (2 * len(sizes)), []
-    for offset, numel, row in parts:
-        if row == 1:
-            extracted.append(None)
-            continue
-        begin = lo + offset
-        inside = starts[(starts >= begin) & (starts < begin + numel)]
-        ids = torch.unique(torch.div(inside - begin, row, rounding_mode="floor"))
-        rows = flat[begin:begin + numel].view(-1, row)[ids]
-        nonzero = rows != 0
-        kept = nonzero.any(dim=1)
-        ids, rows = ids[kept], rows[kept]
-        extracted.append((ids.to(wire.index_dtype(numel // row)), rows))
-        g = sizes.index(row)
-        counts[2 * g] += int(nonzero.sum())
-        counts[2 * g + 1] += ids.numel()
-    return extracted, counts
-
-
-def _node_strided(intra: Comm, cross: Comm, tensor, scan: Scan, scheme, name, stats, allowed, block_size,
-                  value_dtype) -> dict:
-    """Steps 1-3 on a strided tensor (sparse or dense inside the node, as ``scan`` planned); returns the
-    phases' seconds and the bytes sent inside the node."""
-    flat, bounds, g, me = scan.flat, scan.bounds, intra.world, intra.rank
-    lo, hi = bounds[me], bounds[me + 1]
-    sizes = sorted(set(scan.blocks))
-    t0 = time.perf_counter()
-    if scan.sparse:  # each rank's entries of shard j to local rank j, which adds them to its own
-        mine = scan.entries()
-        send, send_splits, counts = _pack(mine, bounds)
-        matrix = intra.all_gather_rows(counts).view(g, g, -1)  # [sender, owner, block size]
-        recv_counts = [matrix[q, me].tolist() for q in range(g)]
-        recv_splits = [_packed_bytes(row, sizes, flat.element_size()) for row in recv_counts]
-        largest = max(_packed_bytes(matrix[q, j].tolist(), sizes, flat.element_size())
-                      for q in range(g) for j in range(g))
-        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=flat.device)
-        with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
-            intra.all_to_all(recv, send, recv_splits, send_splits, largest)
-        touched = [starts[(starts >= lo) & (starts < hi)] for starts, _ in mine.values()]
-        for q, piece in enumerate(wire.split(recv, recv_splits)):
-            if q != me:
-                for b, starts, values in _unpack(piece, recv_counts[q], sizes, flat.dtype):
-                    flat.index_add_(0, _positions(starts, b), values.reshape(-1))
-                    touched.append(starts)
-        intra_bytes = sum(send_splits) - send_splits[me]
-    else:
-        with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
-            intra.reduce_scatter(flat, bounds)
-        intra_bytes = (flat.numel() - (hi - lo)) * flat.element_size()
-    t1 = time.perf_counter()
-    parts = shard_segments(scan.segments, lo, hi) if block_size is None else None
-    # The shard's non-zero rows are among those the node's entries touched: found there, not by a scan.
-    scanned = _touched_rows(flat, lo, parts, torch.cat(touched)) if scan.sparse and parts else None
-    run_call(cross, flat[lo:hi], scheme, name, stats, allowed, block_size, parts or None, value_dtype=value_dtype,
-             whole=tensor, scanned=scanned)
-    t2 = time.perf_counter()
-    if scan.sparse:  # the summed shards' entries to every rank, which clears its own entries of the others first
-        summed = scan.entries(lo, hi, rescan=True)
-        piece, _, counts = _pack(summed, [lo, hi])
-        rows = intra.all_gather_rows(counts).tolist()
-        splits = [_packed_bytes(row, list(summed), flat.element_size()) for row in rows]
-        gathered = torch.empty(sum(splits), dtype=torch.uint8, device=flat.device)
-        with intra.waiting_on("an all-gather inside the node", intra.others()):
-            intra.all_gather_bytes(gathered, piece, splits)
-        for b, (starts, _) in mine.items():
-            outside = (starts < lo) | (starts >= hi)
-            flat.index_fill_(0, _positions(starts[outside], b), 0)
-        for q, part in enumerate(wire.split(gathered, splits)):
-            if q != me:
-                for b, starts, values in _unpack(part, rows[q], list(summed), flat.dtype):
-                    flat.index_copy_(0, _positions(starts, b), values.reshape(-1))
-        intra_bytes += piece.numel() * (g - 1)
-    else:
-        with intra.waiting_on("an all-gather inside the node", intra.others()):
-            intra.all_gather_parts(flat, bounds)
-        intra_bytes += (hi - lo) * flat.element_size() * (g - 1)
-    if not tensor.is_contiguous():
-        tensor.copy_(flat.view(tensor.shape))
-    t3 = time.perf_counter()
-    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2, intra_bytes=intra_bytes)

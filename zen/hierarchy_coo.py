@@ -10,9 +10,9 @@ from .schemes.call import run_call
 from .transport import Comm
 
 
-def node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, block_size) -> dict:
+def node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, block_size, setting) -> dict:
     """Steps 1-3 on a sparse COO tensor, as rows of its dense dims; returns the phases' seconds and the
-    bytes sent inside the node."""
+    bytes sent inside the node (``setting``: the call's (hierarchy, local_size), for the cross step's agreement)."""
     t = tensor.coalesce()
     rows, values = sparse_rows(t)
     num_rows = math.prod(t.shape[:t.sparse_dim()])
@@ -39,7 +39,7 @@ def node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, 
     # Step 2: the shard's rows across the nodes.
     dense_shape = tuple(t.shape[t.sparse_dim():])
     shard = rows_to_sparse(ids - bounds[me], summed, (bounds[me + 1] - bounds[me],) + dense_shape, 1)
-    run_call(cross, shard, scheme, name, stats, allowed, block_size, whole=tensor)
+    run_call(cross, shard, scheme, name, stats, allowed, block_size, whole=tensor, hierarchy=setting)
     t2 = time.perf_counter()
     # Step 3: every rank's summed rows.
     shard = shard.coalesce()

@@ -9,7 +9,10 @@ cross group l, one rank per node. The nodes come from, in this order:
                              global rank // G is equal share a node
     hostnames                ranks on one host share a node
 
-Every rank takes part in one all-gather, so all ranks agree on the nodes (or all raise).
+Every rank takes part in one exchange, an agreement (:func:`zen.agreement.agree`) with the header of the
+call that needs the nodes, so all ranks agree on the nodes or all raise: where a rank starts that call flat
+(it takes part in the same exchange, its call's agreement) or with another ``hierarchy`` or ``local_size``,
+every rank raises :class:`zen.MismatchError` naming them.
 """
 import os
 import socket
@@ -19,7 +22,7 @@ from typing import Optional, Tuple
 
 import torch.distributed as dist
 
-from .agreement import MismatchError
+from . import agreement
 from .transport import Comm
 
 
@@ -60,24 +63,26 @@ def _env_local_size() -> int:
         return 0
 
 
-def detect(comm: Comm, local_size: Optional[int] = None) -> Topology:
-    """The nodes of ``comm``'s group (collective: one all-gather on it; on its lane). ``local_size``: ranks per
-    node, given alike on every rank (a :class:`zen.MismatchError` on every rank where not), or None to find it
-    (see the module docstring)."""
+def detect(comm: Comm, local_size: Optional[int] = None, header: Optional[list] = None, detail: str = "",
+           shape=(), scheme_name: str = "") -> Topology:
+    """The nodes of ``comm``'s group (collective: one agreement on it; on its lane). ``local_size``: ranks per
+    node, given alike on every rank, or None to find it (see the module docstring). ``header``, ``detail``,
+    ``shape``, ``scheme_name``: the agreement's arguments for the call that needs the nodes (by default a
+    header that names only ``hierarchy="node"`` and ``local_size``)."""
+    if header is None:
+        header = [0] * len(agreement.HEADER_FIELDS)
+        header[agreement.HEADER_FIELDS.index("hierarchy")] = agreement.hierarchy_code(("node", local_size))
     host = zlib.crc32(socket.gethostname().encode())
     global_rank = dist.get_global_rank(comm.group, comm.rank)
-    rows = comm.all_gather_rows([local_size or 0, _env_local_size(), host, global_rank]).tolist()
-    given = [row[0] for row in rows]
-    if len(set(given)) > 1:
-        raise MismatchError(f"zen: local_size differs across ranks: {given} by group rank (0: None)")
+    rows = agreement.agree(comm, header, [_env_local_size(), host, global_rank], detail, shape, scheme_name).tolist()
     if local_size:
         blocks = [tuple(range(start, min(start + local_size, comm.world))) for start in range(0, comm.world, local_size)]
         return Topology(tuple(blocks), "local_size")
-    env = {row[1] for row in rows}
+    env = {row[0] for row in rows}
     if len(env) == 1 and env != {0}:
         g = env.pop()
-        return Topology(_grouped([row[3] // g for row in rows]), "LOCAL_WORLD_SIZE")
-    return Topology(_grouped([row[2] for row in rows]), "hostname")
+        return Topology(_grouped([row[2] // g for row in rows]), "LOCAL_WORLD_SIZE")
+    return Topology(_grouped([row[1] for row in rows]), "hostname")
 
 
 def _grouped(keys) -> Tuple[Tuple[int, ...], ...]:

@@ -23,7 +23,8 @@ Segment = Tuple[int, int, int]  # (offset, numel, row size) of a part of a flat 
 def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str] = None,
              stats: Optional[dict] = None, allowed: Sequence[str] = (), block_size: Optional[int] = None,
              segments: Optional[Sequence[Segment]] = None, keep: Optional[int] = None,
-             value_dtype: Optional[torch.dtype] = None, whole: Optional[torch.Tensor] = None, scanned=None):
+             value_dtype: Optional[torch.dtype] = None, whole: Optional[torch.Tensor] = None, scanned=None,
+             hierarchy: Optional[tuple] = None):
     """Run one all-reduce on the calling thread (which must be the group's lane). In place; returns tensor.
 
     ``scheme``: a scheme instance, or None when ``scheme_name`` named no scheme (``allowed``: the names that
@@ -36,6 +37,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     travel in (:attr:`Call.value_dtype`; the caller checks that the scheme supports it). ``whole``: where
     ``tensor`` is a part of a tensor (a hierarchical call's shard), that tensor: the agreement checks it.
     ``scanned``: what :func:`scan_rows` would find in ``segments``, where the caller knows it already.
+    ``hierarchy``: (setting, local_size) of a :mod:`zen.hierarchy` call, for the agreement's header.
     A sparse COO tensor travels as rows of its dense dims. Errors: bad input -> :class:`MismatchError` on
     every rank; a failure part-way -> the error here, and :class:`zen.BrokenGroupError` for every later
     call on the group."""
@@ -45,7 +47,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     settings = scheme.agreement_settings() if scheme is not None else None
     described = tensor if whole is None else whole
     header, detail = agreement.inspect_call(described, scheme_name, scheme is not None, settings, comm.backend,
-                                            allowed, block_size)
+                                            allowed, block_size, hierarchy)
     shape = tuple(described.shape) if isinstance(described, torch.Tensor) else ()
     scheme_name = str(scheme_name)  # (after inspect_call, whose detail names a non-string scheme by its repr)
     if detail:
