@@ -121,22 +121,32 @@ def test_unequal_nodes():
 def _bad_input(rank, world):
     import zen
 
-    x = torch.ones(100, dtype=torch.int8 if rank == 3 else torch.float32)
-    try:
-        zen.all_reduce(x, hierarchy="node", local_size=2)
-    except zen.MismatchError as error:
-        message = str(error)
-    else:
-        message = ""
+    def message_of(x, **kwargs):
+        try:
+            zen.all_reduce(x, hierarchy="node", local_size=2, **kwargs)
+        except zen.MismatchError as error:
+            return str(error)
+        return ""
+
+    messages = [message_of(torch.ones(100, dtype=torch.int8 if rank == 3 else torch.float32))]  # finding the nodes
     y = torch.ones(10)
-    zen.all_reduce(y, hierarchy="node", local_size=2)  # the groups are still usable
-    return message, y[0].item()
+    zen.all_reduce(y, hierarchy="node", local_size=2)  # the groups are still usable; the nodes are known now
+    # Inside node 1, inside node 0, between the nodes: every rank raises the same text, naming the group's ranks.
+    messages.append(message_of(torch.ones(100, dtype=torch.int8 if rank == 3 else torch.float32)))
+    messages.append(message_of(torch.ones(4, 6) if rank == 0 else torch.ones(6, 4)))
+    messages.append(message_of(torch.ones(10), scheme="zen" if rank < 2 else "sparcml"))
+    return messages, y[0].item()
 
 
 def test_bad_input_raises_on_every_rank():
-    for message, value in run_ranks(4, _bad_input):
-        assert "int8" in message or "dtype" in message
+    results = run_ranks(4, _bad_input)
+    for messages, value in results:
+        assert "rank 3: unsupported dtype" in messages[0] and "int8" in messages[0]
+        assert messages[1].startswith("zen.all_reduce: on node 1: rank 3: unsupported dtype")
+        assert messages[2].endswith("on node 0: shape is (4, 6) on ranks [0]; (6, 4) on ranks [1]")
+        assert messages[3].endswith("scheme is 'zen' on ranks [0, 1]; 'sparcml' on ranks [2, 3]")
         assert value == 4.0
+    assert all(r == results[0] for r in results)
 
 
 def _mixed_settings(rank, world):

@@ -41,7 +41,6 @@ import warnings
 from typing import Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from . import agreement, ops
 from .agreement import HIERARCHIES, MismatchError, Problem
@@ -227,14 +226,14 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
     try:
         rows = agreement.agree(intra, header, scan.counts if scan else [], detail, shape, name)
     except MismatchError as error:
-        # This node cannot go on; the other nodes learn it in their cross step's agreement (whose row holds a
-        # short text: the message without its explanations in parentheses).
-        text = _global_ranks(str(error).removeprefix("zen.all_reduce: "), intra)
+        # This node cannot go on; the other nodes learn it in their cross step's agreement, whose row holds a
+        # short text (n + 8 int64s): the message without its preamble and the explanations in parentheses.
+        text = _group_ranks(str(error).removeprefix("zen.all_reduce: ").removeprefix(_DIFFER), topology, node)
+        text = re.sub(r" \([^()]*[a-z][^()]*\)", "", text)  # the same text on every node, where it fits
         forwarded = list(header)
         forwarded[-1] = Problem.FAILED_BEFORE_EXCHANGE
         try:
-            agreement.report(cross, forwarded, f"node {node}: " + re.sub(r" \([^()]*\)", "", text), shape=shape,
-                             scheme_name=name)
+            agreement.report(cross, forwarded, f"node {node}: {text}", shape=shape, scheme_name=name)
         except MismatchError:
             pass
         raise MismatchError(f"zen.all_reduce: on node {node}: {text}") from None
@@ -255,8 +254,8 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
                 scan.plan(rows, intra.world)
                 phases = node_strided(intra, cross, tensor, scan, scheme, name, cross_stats, allowed,
                                        block_size, value_dtype, setting)
-    except MismatchError:
-        raise  # raised by the cross step's agreement, alike on every rank
+    except MismatchError as error:  # raised by the cross step's agreement, alike on every rank
+        raise MismatchError(_cross_text(str(error), topology)) from None
     except BaseException as error:  # noqa: B036  (part-way: the ranks are out of step)
         for sub in (intra, cross, comm):
             sub.fail(error)
@@ -272,9 +271,26 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
         stats.update(result)
 
 
-def _global_ranks(text: str, comm: Comm) -> str:
-    """``text`` with "rank q" (a rank of ``comm``) as "rank <global rank>"."""
-    return re.sub(r"\brank (\d+)", lambda m: f"rank {dist.get_global_rank(comm.group, int(m.group(1)))}", text)
+_DIFFER = "tensors or arguments differ across ranks: "
+
+
+def _group_ranks(text: str, topology: Topology, node: int) -> str:
+    """An error of node ``node``'s agreement, its ranks ("rank q", "ranks [q, ...]": ranks of the node) as
+    ranks of the whole group."""
+    rank = lambda q: topology.nodes[node][int(q)]  # noqa: E731
+    text = re.sub(r"\brank (\d+)", lambda m: f"rank {rank(m.group(1))}", text)
+    return re.sub(r"\branks \[([\d, ]*)\]", lambda m: f"ranks {[rank(q) for q in m.group(1).split(', ')]}", text)
+
+
+def _cross_text(text: str, topology: Topology) -> str:
+    """An error of a cross step's agreement as the same text on every rank: a node's forwarded failure as
+    "on node k: ...", else the cross group's ranks (rank k: node k, whose ranks agreed among themselves) as
+    the nodes' ranks of the whole group."""
+    if "failed before the exchange: node " in text:
+        return re.sub(r"rank \d+: failed before the exchange: (node \d+): ", r"on \1: ", text)
+    ranks = lambda qs: sorted(r for k in qs for r in topology.nodes[int(k)])  # noqa: E731
+    text = re.sub(r"\brank (\d+):", lambda m: f"node {m.group(1)} (ranks {ranks([m.group(1)])}):", text)
+    return re.sub(r"\branks \[([\d, ]*)\]", lambda m: f"ranks {ranks(m.group(1).split(', '))}", text)
 
 
 class Scan:
