@@ -124,6 +124,68 @@ def test_torch_compile_aot_eager_is_bit_identical():
         assert summary["bytes_sent"] == eager_summary["bytes_sent"], (summary, eager_summary)
 
 
+class CheckpointedModel(EmbeddingModel):
+    """The head recomputed by a reentrant checkpoint: its gradients come in a backward nested in the step's."""
+
+    def forward(self, tokens):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.head, self.embedding(tokens).mean(1), use_reentrant=True)
+
+
+def _steps(rank, world, configs, steps):
+    """Per config, with and without top-k (after warmup_steps=2): summary()["steps"] after each backward and
+    whether its last bucket was sparsified (the step number the hook read); without top-k, the parameters
+    against plain DDP's."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zen
+
+    out = []
+    for sparse, ddp_kwargs, reentrant in configs:
+        torch.manual_seed(0)
+        model = (CheckpointedModel if reentrant else EmbeddingModel)(vocab=2000, sparse=sparse)
+        plain_params, _ = train(copy.deepcopy(model), ddp_kwargs, None, rank, steps, sparse)
+        for topk_ratio in (None, 0.5):
+            state = zen.ZenState(topk_ratio=topk_ratio, warmup_steps=2, min_numel=1)
+            ddp = DDP(copy.deepcopy(model), **ddp_kwargs)
+            ddp.register_comm_hook(state, zen.zen_hook)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+            counted, sparsified = [], []
+            for tokens in batches(rank, steps, 2000):
+                opt.zero_grad()
+                ddp(tokens).pow(2).mean().backward()
+                opt.step()
+                counted.append(state.summary()["steps"])
+                sparsified.append("sent" in state.last_stats)
+            if topk_ratio is None:
+                assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+                           for a, b in zip(plain_params, ddp.module.parameters())), (sparse, ddp_kwargs, reentrant)
+            out.append(((sparse, ddp_kwargs, reentrant, topk_ratio), counted, sparsified))
+    return out
+
+
+STEP_CONFIGS = [  # (sparse embedding, DDP's arguments, reentrant checkpoint)
+    (True, {"static_graph": True}, False),  # the first iteration hands both buckets as index 0, neither last
+    (True, {}, False),
+    (False, {"bucket_cap_mb": 0.01}, False),  # several buckets
+    (False, {"static_graph": True, "bucket_cap_mb": 0.01}, False),
+    (True, {"static_graph": True}, True),  # the head's bucket comes in a nested backward
+    (False, {"bucket_cap_mb": 0.01}, True),
+]
+
+
+def test_summary_counts_every_step():
+    """summary()["steps"] is the number of backward passes taken, and top-k starts after warmup_steps of them,
+    under static_graph (whose first iteration marks no bucket last), several buckets and reentrant checkpoints."""
+    steps = 4
+    for results in run_ranks(2, _steps, STEP_CONFIGS, steps, timeout=300):
+        for config, counted, sparsified in results:
+            assert counted == list(range(1, steps + 1)), (config, counted)
+            topk_ratio = config[-1]
+            assert sparsified == [topk_ratio is not None and step >= 2 for step in range(steps)], (config, sparsified)
+
+
 def _hook_contract(rank, world):
     import zen
 

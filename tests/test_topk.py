@@ -352,6 +352,28 @@ def test_residuals_follow_parameters_through_a_rebuild():
     assert all(run_ranks(2, _rebuild))
 
 
+def _unnamed_parameters(rank, world):
+    """LocalBucket without ``parameters`` (a new buffer each step): the residual is kept by the bucket's index
+    and carries over, so each step sends what the plain-torch reference sends."""
+    import zen
+
+    state = zen.ZenState(topk_ratio=0.05, warmup_steps=2, min_numel=1, selection="exact")
+    residual = torch.zeros(5000)
+    for step in range(5):
+        grad = _gradient(5000, 10 * step + rank)
+        out = zen.zen_hook(state, LocalBucket(grad.clone(), index=0, is_last=True)).wait()
+        ref, residual = (grad / world, residual) if step < 2 else _reference_step(grad, residual, 0.05, world)
+        dist.all_reduce(ref)
+        assert torch.equal(out, ref), step
+    assert list(state._residuals) == [("bucket", 0, 0)], list(state._residuals)
+    assert torch.equal(state._residuals[("bucket", 0, 0)].error, residual) and state.summary()["steps"] == 5
+    return True
+
+
+def test_residuals_of_a_bucket_without_parameters_carry_over():
+    assert all(run_ranks(2, _unnamed_parameters))
+
+
 def _different_settings(rank, world):
     import zen
 

@@ -26,6 +26,14 @@ the measuring calls (the agreement, floor(log2 n) exchanges of M/8 bytes and an 
 per group) and the trial calls of the slower near-ties (at most ``trial_margin`` times the best prediction).
 ``ZenState.summary()`` counts the measuring and trial calls' seconds.
 
+COO input (a sparse tensor, or entries handed over as COO) never tries "dense", as a trial or as a pick, where
+the dense tensor takes more bytes than every rank's entries together: M s_v > sum_r k_r (s_v + s_i) (M
+entries of s_v bytes, a row of b values each where the call reduces rows; k_r the non-zero entries of rank
+r). "dense" would build that tensor on every rank (an ``nn.Embedding(sparse=True)`` of 20M rows of 16 floats:
+1.28 GB, for a few rows) where an all-gather of the entries alone moves fewer bytes than it, under half the
+ring's 2 (n-1)/n M s_v. The k_r are the measuring call's agreement's, so every rank drops it alike, for the
+window.
+
 ``zen.all_reduce(scheme="auto")`` builds its scheme per call, so ``make_scheme("auto")`` without settings
 returns one shared instance: the history lives as long as the process.
 """
@@ -174,8 +182,11 @@ class Auto(Scheme):
         own = self.profile or cached_profile(comm.user_group)
         history.by_trials = False
 
+        agreed = []
+
         def agree(row):  # the call's agreement, of [has a profile, nnz]: where a rank has none, trials decide
             rows = call.agree(row)
+            agreed.append(rows)
             if not self.probe and self.trials and any(r[0] == 0 for r in rows.tolist()):
                 raise _Unprofiled()
             return rows
@@ -185,7 +196,7 @@ class Auto(Scheme):
                                             -(-self.block_size // width), own, probe=lambda: probe_now(comm),
                                             row_choice=call.choosing)
         except _Unprofiled:
-            names = list(self.schemes)
+            names = self._candidates(agreed[0][:, 1].tolist(), numel, values, dense_input)
             history.window, history.timings, history.by_trials, history.pruned = [], {}, True, False
             history.choice, history.trials = names[0], names[1:]
             call.stats["auto"] = dict(choice=names[0], measured=False, trial=True,
@@ -198,13 +209,27 @@ class Auto(Scheme):
         if phase == 0:
             history.window = []
         history.window.append(times)
-        mean = {name: sum(t[name] for t in history.window) / len(history.window) for name in self.schemes}
+        allowed = self._candidates(workload.nnz, numel, values, dense_input)
+        mean = {name: sum(t[name] for t in history.window) / len(history.window) for name in allowed}
         history.choice = choose(mean)
         near = [name for name in sorted(mean, key=mean.get) if mean[name] <= self.trial_margin * mean[history.choice]]
         history.trials = near * self.trials if len(near) > 1 and phase == self.warmup - 1 else []
         history.timings = {}
         call.stats["auto"] = dict(choice=history.choice, predicted=times, measured=True, seconds_measuring=measuring)
         return history.choice
+
+    def _candidates(self, nnz: Sequence[int], numel: int, values, dense_input: bool) -> list:
+        """The candidates of a window: all of them but "dense" for COO input whose dense tensor is larger than
+        every rank's entries together, M s_v > sum_r k_r (s_v + s_i) (``nnz``: the agreed k_r; see the module's
+        docstring). "dense" stays where it is the only candidate."""
+        names = list(self.schemes)
+        if dense_input or "dense" not in names or len(names) == 1:
+            return names
+        entry_bytes = wire.entry_bytes(values)
+        index_bytes = wire.index_dtype(numel).itemsize
+        if numel * entry_bytes > sum(nnz) * (entry_bytes + index_bytes):
+            names.remove("dense")
+        return names
 
     def _timed(self, call: Call, key, name: str, start: float) -> None:
         """After a trial call: record its time on the group (``zen.measurement.timing.call_seconds``: from the last
@@ -224,7 +249,7 @@ class Auto(Scheme):
                 # one call of each candidate so far: the near ties run the rest of their trials
                 history.pruned = True
                 best = min(medians.values())
-                near = [s for s in self.schemes if medians[s] <= self.trial_margin * best]
+                near = [s for s in self.schemes if s in medians and medians[s] <= self.trial_margin * best]
                 if len(near) > 1:
                     history.trials = near * (self.trials - 1)
                     return

@@ -89,7 +89,7 @@ class ZenState:
                  "timeout", "log_every", "topk_ratio", "warmup_steps", "error_feedback", "momentum", "min_numel",
                  "selection", "density_ramp", "reestimate_every", "global_topk", "value_dtype", "hierarchy",
                  "local_size", "_scheme", "_comm", "last_stats",
-                 "_totals", "_residuals", "_ordinals", "_layouts", "_selector", "_checked", "_unpickled"]
+                 "_totals", "_residuals", "_ordinals", "_layouts", "_selector", "_checked", "_unpickled", "_unended"]
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, scheme: str = "zen",
                  dense_threshold: Optional[float] = None, num_probes: Optional[int] = None, table_factor: float = 2.0,
@@ -148,6 +148,7 @@ class ZenState:
         self._selector = topk.Selector(selection, reestimate_every=reestimate_every)
         self._checked = False
         self._unpickled = False
+        self._unended = []  # futures of this step's buckets, hooked inside backward, while none was is_last()
 
     def topk_settings(self) -> dict:
         """The settings that decide what a step sends; they must be equal on every rank (checked on the first
@@ -228,7 +229,8 @@ class ZenState:
         return parts, keys
 
     def summary(self) -> dict:
-        """This rank's totals since the state was made: ``steps``, ``buckets``, ``bytes_sent``, ``dense_bytes``
+        """This rank's totals since the state was made: ``steps`` (a step ends with its bucket that is_last(), or
+        where none is, with the backward its buckets were hooked in), ``buckets``, ``bytes_sent``, ``dense_bytes``
         (what a ring all-reduce of the same buckets sends: 2 (n-1)/n x their bytes), ``schemes`` (calls per
         scheme; a block of a bucket that went dense counts as "<scheme> (dense)"), ``seconds`` (in zen's
         collectives, on the lane); with ``scheme="auto"``: ``auto_seconds`` (what it spent choosing: its
@@ -248,9 +250,28 @@ class ZenState:
             totals["auto_seconds"] += auto.get("seconds_measuring", 0.0) + auto.get("seconds", 0.0)
             totals["auto_trials"] += bool(auto.get("trial"))
         if last:
-            totals["steps"] += 1
-            if self.log_every and totals["steps"] % self.log_every == 0:
-                logger.info("zen: %s", self.summary())
+            self._count_step()
+
+    def _count_step(self) -> None:
+        """A step ended: count it, and log the totals every ``log_every`` steps."""
+        self._totals["steps"] += 1
+        if self.log_every and self._totals["steps"] % self.log_every == 0:
+            logger.info("zen: %s", self.summary())
+
+    def _end_of_backward(self, future: torch.futures.Future) -> None:
+        """A callback of the backward in which a bucket's hook ran, run at its end (after DDP has called every
+        bucket's hook). It waits for the bucket's future and so raises its error whole: DDP's reducer reads a
+        failed future's value as a tensor ("Unable to cast <the error> to Tensor"), losing the error's type.
+
+        A step ends with its bucket that is_last(), but DDP's first ``static_graph`` iteration hands every
+        bucket as index 0, none last: such a step ends here, at the end of the outermost backward (where no
+        autograd node runs; a reentrant checkpoint's backward is nested in one), once its buckets are done."""
+        future.wait()
+        if self._unended and torch._C._current_autograd_node() is None:
+            for pending in self._unended:
+                pending.wait()
+            self._unended = []
+            self._count_step()
 
     def comm(self):
         if self._comm is None:
@@ -272,7 +293,7 @@ class ZenState:
 
     def __getstate__(self):
         return {name: getattr(self, name) for name in self.__slots__
-                if name not in ("process_group", "_comm", "_scheme", "_ordinals")}
+                if name not in ("process_group", "_comm", "_scheme", "_ordinals", "_unended")}
 
     def __setstate__(self, state):
         self.process_group = None
@@ -281,6 +302,7 @@ class ZenState:
         self.log_every = None
         self._totals = _no_totals()
         self._ordinals = WeakIdKeyDictionary()
+        self._unended = []
         self.hierarchy, self.local_size = "auto", None  # (a state pickled before these settings)
         for name, value in state.items():
             setattr(self, name, value)
@@ -378,8 +400,7 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
 
     stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
     future = comm.submit(job, stream)
-    if torch._C._current_graph_task_id() != -1:
-        # DDP's reducer reads a failed future's value as a tensor ("Unable to cast <the error> to Tensor"): the
-        # error's type is lost. A callback of this backward, run before DDP's own, waits first and raises it whole.
-        torch.autograd.Variable._execution_engine.queue_callback(future.wait)
+    if torch._C._current_graph_task_id() != -1:  # inside backward
+        state._unended = [] if last else state._unended + [future]
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: state._end_of_backward(future))
     return future

@@ -97,7 +97,11 @@ def run_ranks(world, fn, *args, timeout=180, pg_timeout=60, expect_dead=()):
 
 class LocalBucket:
     """A stand-in for DDP's GradBucket (what a comm hook uses), to call a hook outside DDP: the flat buffer
-    and, optionally, the parameters whose gradients tile it (their shapes give the hook their rows)."""
+    and, optionally, the parameters whose gradients tile it (their shapes give the hook their rows).
+
+    Without ``parameters``, :meth:`parameters` is empty: the parameters are unknown, so the hook keeps what it
+    keeps per parameter (top-k's residuals) by the bucket's index, which lasts from step to step, as a
+    bucket of DDP does. (Handing the buffer as its own parameter would key them by each step's new buffer.)"""
 
     def __init__(self, buffer, index: int = 0, parameters=None, is_last: bool = False):
         self._buffer = buffer
@@ -115,4 +119,4 @@ class LocalBucket:
         return self._is_last
 
     def parameters(self):
-        return list(self._parameters) if self._parameters is not None else [self._buffer]
+        return list(self._parameters) if self._parameters is not None else []
