@@ -142,8 +142,8 @@ def _block_size_problem(tensor: torch.Tensor, block_size) -> str:
     return ""
 
 
-def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend: str,
-                 allowed: Sequence[str] = (), block_size=None, hierarchy: Optional[tuple] = None) -> Tuple[List[int], str]:
+def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend: str, allowed: Sequence[str] = (),
+                 block_size=None, hierarchy: Optional[tuple] = None) -> Tuple[List[int], str]:
     """The header of a call and, when this rank cannot take part, the reason (the header's ``problem``
     field is then non-zero): every rank learns it in the agreement and raises alike.
 

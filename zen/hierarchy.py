@@ -199,12 +199,12 @@ POLICY = Hierarchy()
 
 def _call_header(comm: Comm, tensor, scheme, scheme_name, allowed, block_size, setting) -> tuple:
     """(header, detail, shape, scheme name) of a call, as its agreement takes them (run_call's, for a flat call)."""
+    name = scheme_name if scheme_name is not None else getattr(scheme, "name", None)
     settings = scheme.agreement_settings() if scheme is not None else None
-    header, detail = agreement.inspect_call(tensor, scheme_name if scheme_name is not None else
-                                            getattr(scheme, "name", None), scheme is not None, settings,
-                                            comm.backend, allowed, block_size, setting)
+    header, detail = agreement.inspect_call(tensor, name, scheme is not None, settings, comm.backend, allowed,
+                                            block_size, setting)
     shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
-    return header, detail, shape, str(scheme_name if scheme_name is not None else getattr(scheme, "name", None))
+    return header, detail, shape, str(name)
 
 
 def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments,
@@ -252,8 +252,8 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
                 phases = dict(intra_bytes=0)
             else:
                 scan.plan(rows, intra.world)
-                phases = node_strided(intra, cross, tensor, scan, scheme, name, cross_stats, allowed,
-                                       block_size, value_dtype, setting)
+                phases = node_strided(intra, cross, tensor, scan, scheme, name, cross_stats, allowed, block_size,
+                                      value_dtype, setting)
     except MismatchError as error:  # raised by the cross step's agreement, alike on every rank
         raise MismatchError(_cross_text(str(error), topology)) from None
     except BaseException as error:  # noqa: B036  (part-way: the ranks are out of step)
@@ -261,7 +261,8 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
             sub.fail(error)
         raise
     intra_bytes = phases.pop("intra_bytes")
-    result = dict(cross_stats, hierarchy="node", intra_sparse=bool(scan and scan.sparse), nodes=len(topology.nodes), local_size=len(topology.nodes[0]),
+    result = dict(cross_stats, hierarchy="node", intra_sparse=bool(scan and scan.sparse), nodes=len(topology.nodes),
+                  local_size=len(topology.nodes[0]),
                   inter_bytes=cross_stats.get("bytes_sent", 0), intra_bytes=intra_bytes,
                   bytes_sent=cross_stats.get("bytes_sent", 0) + intra_bytes,
                   phases=dict(phases, **{f"cross_{k}": v for k, v in cross_stats.get("phases", {}).items()}),

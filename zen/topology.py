@@ -74,7 +74,8 @@ def detect(comm: Comm, local_size: Optional[int] = None, header: Optional[list] 
         header[agreement.HEADER_FIELDS.index("hierarchy")] = agreement.hierarchy_code(("node", local_size))
     host = zlib.crc32(socket.gethostname().encode())
     global_rank = dist.get_global_rank(comm.group, comm.rank)
-    rows = agreement.agree(comm, header, [_env_local_size(), host, global_rank], detail, shape, scheme_name).tolist()
+    rows = agreement.agree(comm, header, [_env_local_size(), host, global_rank], detail, shape, scheme_name)
+    rows = rows.tolist()
     if local_size:
         blocks = [tuple(range(start, min(start + local_size, comm.world))) for start in range(0, comm.world, local_size)]
         return Topology(tuple(blocks), "local_size")
