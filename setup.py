@@ -3,13 +3,14 @@
 Switches (environment):
   FORCE_CUDA=1        build the CUDA kernels even without a visible GPU or a CUDA torch
   FORCE_ONLY_CPU=1    never build them
-  TORCH_CUDA_ARCH_LIST  the GPU architectures (default "8.0;9.0" when no GPU is visible)
+  TORCH_CUDA_ARCH_LIST  the GPU architectures, 7.0 or newer (default "8.0;9.0" when no GPU is visible)
   MAX_JOBS            parallel compile jobs (default: sized from cores and free memory)
   ZEN_SANITIZE=1      AddressSanitizer + UndefinedBehaviorSanitizer build (run with LD_PRELOAD of libasan)
   ZEN_DEBUG=1         -O0 -g
 """
 import glob
 import os
+import sys
 
 from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
@@ -61,12 +62,27 @@ def extension():
                             extra_compile_args={"cxx": cxx}, extra_link_args=link)
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
+    check_archs()
     nvcc += ["--threads", os.environ.get("NVCC_THREADS", "2")]
     sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")) + glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
     cuda_version = torch.version.cuda or "unknown"
     macros += [("ZEN_WITH_CUDA", None), ("ZEN_CUDA_VERSION", f'"{cuda_version}"')]
     return CUDAExtension("zen._C", sources, include_dirs=include_dirs, define_macros=macros,
                          extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link)
+
+
+def check_archs():
+    """The CUDA kernels use warp-match intrinsics (compute capability 7.0 and later): refuse older targets with
+    a message, not an nvcc error deep in the build."""
+    listed = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if listed:
+        archs = [a.split("+")[0] for a in listed.replace(";", " ").split()]
+    else:
+        archs = ["%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+    old = [a for a in archs if a.replace(".", "", 1).isdigit() and float(a) < 7.0]
+    if old:
+        sys.exit(f"zen: the CUDA kernels need compute capability 7.0 or newer; the build targets {', '.join(old)}. "
+                 "Set TORCH_CUDA_ARCH_LIST to newer architectures, or FORCE_ONLY_CPU=1 for the CPU kernels only.")
 
 
 setup(
