@@ -182,6 +182,23 @@ def _edge_cases(rank, world):
                 results.append(outcome(lambda: zen.all_reduce(tensor_for(rank, 500 + rank), group=g))[0])
         results.append(check(tensor_for(rank, 700, seed=9 + round_)))  # the world, in turn
     out["groups_in_turn"] = ("ok", results)
+
+    # Two threads, each making its first zen call on a group of its own, in a different order on each rank.
+    import threading
+
+    groups = [dist.new_group(list(range(world))) for _ in range(2)]
+    threads_out = {}
+
+    def run(tag):
+        time.sleep(0.3 if rank % 2 == tag else 0.0)
+        threads_out[tag] = [check(tensor_for(rank + tag, 400, seed=10 + i), group=groups[tag]) for i in range(3)]
+
+    threads = [threading.Thread(target=run, args=(tag,)) for tag in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(PG_TIMEOUT * 4)
+    out["two_threads"] = ("ok", [threads_out.get(tag) for tag in range(2)])
     return out
 
 
@@ -351,6 +368,11 @@ def test_world_size_one_groups_in_turn(three_ranks):
         assert results == [True, "MismatchError", True, "MismatchError", True] * 2, results
 
 
+def test_two_threads_make_their_first_calls_on_two_groups_at_once(three_ranks):
+    for kind, per_thread in by_case(three_ranks, "two_threads"):
+        assert kind == "ok" and per_thread == [[True] * 3, [True] * 3], per_thread
+
+
 def test_pathological_partitions_are_exact(three_ranks):
     names = [n for n in three_ranks[0] if n.split("_")[0] in ("overflow", "all", "widest", "sort")]
     assert len(names) == 16
@@ -382,6 +404,11 @@ def test_scheme_and_state_settings_are_validated():
         zen.ZenState(scheme="nope")
     with pytest.raises(ValueError, match="timeout"):
         zen.ZenState(timeout=-1)
+    for timeout in (0, -1, "5"):
+        with pytest.raises(ValueError, match="zen.all_reduce: timeout"):
+            zen.all_reduce(torch.ones(3), timeout=timeout)
+    with pytest.raises(TypeError, match="stats"):
+        zen.all_reduce(torch.ones(3), stats=[])
     with pytest.raises(ValueError, match="allowed: .*zen"):
         from zen.collective import make_scheme
 

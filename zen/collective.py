@@ -10,7 +10,7 @@ import torch
 from .auto import Auto
 from .hierarchy import POLICY, check_hierarchy
 from .schemes import Scheme, registered, scheme_class
-from .transport import get_comm
+from .transport import check_timeout, get_comm
 
 
 class _SchemeNames(Sequence):
@@ -119,6 +119,9 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
         zen.all_reduce(grad)                     # == dist.all_reduce(grad), fewer bytes
     """
     check_hierarchy("zen.all_reduce", hierarchy, local_size)
+    check_timeout("zen.all_reduce", timeout)
+    if stats is not None and not isinstance(stats, dict):
+        raise TypeError(f"zen.all_reduce: stats must be None or a dict to fill; got {type(stats).__name__}")
     comm = get_comm(group, timeout)
     if comm is None:
         return None

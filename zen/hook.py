@@ -31,7 +31,7 @@ from .cost.terms import dense_bytes
 from .hierarchy import POLICY, check_hierarchy
 from .schemes.balanced import check_settings
 from .schemes.call import Segment, run_call
-from .transport import get_comm
+from .transport import check_timeout, get_comm
 
 logger = logging.getLogger("zen")
 
@@ -114,8 +114,7 @@ class ZenState:
         if global_topk and hierarchy == "node":
             raise ValueError("ZenState: global_topk selects on all ranks' partitions; it does not run with "
                              "hierarchy='node'")
-        if timeout is not None and not (timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout) > 0:
-            raise ValueError(f"ZenState: timeout must be None, a positive timedelta or seconds; got {timeout!r}")
+        check_timeout("ZenState", timeout)
         if log_every is not None and (not isinstance(log_every, int) or log_every < 1):
             raise ValueError(f"ZenState: log_every must be None or a positive int; got {log_every!r}")
         self.process_group = process_group

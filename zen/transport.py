@@ -67,6 +67,14 @@ def group_timeout(group) -> Optional[datetime.timedelta]:
     return None
 
 
+def check_timeout(owner: str, timeout) -> None:
+    """A ValueError naming the setting, where ``timeout`` is not None, a positive timedelta or positive seconds."""
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    if timeout is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                                    and seconds > 0):
+        raise ValueError(f"{owner}: timeout must be None, a positive timedelta or seconds; got {timeout!r}")
+
+
 def _as_timedelta(timeout) -> Optional[datetime.timedelta]:
     if timeout is None or isinstance(timeout, datetime.timedelta):
         return timeout
@@ -77,7 +85,7 @@ def _private_group(group, ranks: List[int], backend, timeout, suffix: str = "") 
     """zen's own group over ``ranks``, created by the members only.
 
     Its name derives from the user's group's name (the same on every member), so members may create their
-    zen groups in any order. (``dist.new_group(use_local_synchronization=True)`` names a group after how
+    zen groups in any order, from any thread (each creation talks to the store on a connection of its own). (``dist.new_group(use_local_synchronization=True)`` names a group after how
     many groups the calling process made before, so ranks whose first zen calls on overlapping groups come
     in different orders would wait on different names until the timeout.) Falls back to that public call
     where this torch lacks the helper, with a warning (once), since the fallback can hang as said."""
@@ -95,6 +103,10 @@ def _private_group(group, ranks: List[int], backend, timeout, suffix: str = "") 
                           "the timeout when ranks make their first zen calls on overlapping groups in different "
                           "orders", RuntimeWarning, stacklevel=2)
         return dist.new_group(ranks=ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
+    try:  # a connection of its own: two threads making two groups at once must not wait on one store socket
+        store = store.clone()
+    except (AttributeError, NotImplementedError, RuntimeError):
+        pass
     pg, _ = helper(len(ranks), ranks.index(dist.get_rank()), ranks, backend, store, name,
                    timeout=timeout or default_timeout, group_desc="zen")
     c10d._world.pg_group_ranks[pg] = {global_rank: i for i, global_rank in enumerate(ranks)}
@@ -379,6 +391,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 _comms = {}
 _comms_lock = threading.Lock()
+_creating = {}  # group -> the lock of its Comm's creation
 
 
 @atexit.register
@@ -393,6 +406,7 @@ def _forget_comms() -> None:
                 sub._lane.close(timeout=1.0)
             comm._lane.close(timeout=1.0)
         _comms.clear()
+        _creating.clear()
 
 
 def get_comm(group=None, timeout=None) -> Optional[Comm]:
@@ -403,10 +417,22 @@ def get_comm(group=None, timeout=None) -> Optional[Comm]:
         raise RuntimeError("zen: torch.distributed is not initialised; call dist.init_process_group first")
     if group is not None and dist.get_rank(group) < 0:
         return None
+    check_timeout("zen", timeout)
     key = group if group is not None else dist.group.WORLD
     with _comms_lock:
-        if key not in _comms:
-            _comms[key] = Comm(group, timeout)
-        elif timeout is not None:
-            _comms[key].set_timeout(timeout)
-        return _comms[key]
+        comm = _comms.get(key)
+        creating = _creating.setdefault(key, threading.Lock()) if comm is None else None
+    if comm is None:
+        # Made by its members collectively, under its own lock only: two threads making the Comms of two groups
+        # may do so in either order on each rank (under one lock, each rank's first would wait on the other's).
+        with creating:
+            with _comms_lock:
+                comm = _comms.get(key)
+            if comm is None:
+                comm = Comm(group, timeout)
+                with _comms_lock:
+                    _comms[key] = comm
+                return comm
+    if timeout is not None:
+        comm.set_timeout(timeout)
+    return comm
