@@ -261,6 +261,39 @@ def test_an_error_in_the_hook_reaches_backward_with_its_type():
         assert kind.__name__ == "MismatchError" and "scheme" in message, (kind, message)
 
 
+def _one_state_two_models(rank, world, topk_ratio):
+    """One ZenState registered on two DDP models, two iterations: what backward raises or warns."""
+    import warnings
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zen
+
+    torch.manual_seed(0)
+    models = [DDP(torch.nn.Linear(100, 100)) for _ in range(2)]
+    state = zen.ZenState(topk_ratio=topk_ratio, warmup_steps=4)
+    for model in models:
+        model.register_comm_hook(state, zen.zen_hook)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for _ in range(2):
+                for model in models:
+                    model(torch.ones(4, 100)).sum().backward()
+        except ValueError as error:
+            return "ValueError", str(error)
+    return "warned", [str(w.message) for w in caught if "more than one DDP model" in str(w.message)]
+
+
+@pytest.mark.parametrize("topk_ratio", [0.01, None])
+def test_one_state_on_two_models_is_refused_with_topk_and_warned_without(topk_ratio):
+    for kind, detail in run_ranks(2, _one_state_two_models, topk_ratio):
+        if topk_ratio:
+            assert kind == "ValueError" and "more than one DDP model" in detail, (kind, detail)
+        else:
+            assert kind == "warned" and len(detail) == 1, (kind, detail)
+
+
 def test_state_validates_settings():
     import zen
 

@@ -89,7 +89,8 @@ class ZenState:
                  "timeout", "log_every", "topk_ratio", "warmup_steps", "error_feedback", "momentum", "min_numel",
                  "selection", "density_ramp", "reestimate_every", "global_topk", "value_dtype", "hierarchy",
                  "local_size", "_scheme", "_comm", "last_stats",
-                 "_totals", "_residuals", "_ordinals", "_layouts", "_selector", "_checked", "_unpickled", "_unended"]
+                 "_totals", "_residuals", "_ordinals", "_layouts", "_selector", "_checked", "_unpickled", "_unended",
+                 "_first_step", "_warned_models"]
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, scheme: str = "zen",
                  dense_threshold: Optional[float] = None, num_probes: Optional[int] = None, table_factor: float = 2.0,
@@ -142,12 +143,14 @@ class ZenState:
         self.last_stats = {}
         self._totals = _no_totals()
         self._residuals = {}  # parameter ordinal (or bucket place) -> topk.Residual
-        self._ordinals = WeakIdKeyDictionary()  # parameter -> its ordinal: the order first seen in
+        self._ordinals = WeakIdKeyDictionary()  # parameter -> its ordinal: the order the hook first saw it
         self._layouts = {}  # bucket index -> its segments, where its parameters are not known
         self._selector = topk.Selector(selection, reestimate_every=reestimate_every)
         self._checked = False
         self._unpickled = False
         self._unended = []  # futures of this step's buckets, hooked inside backward, while none was is_last()
+        self._first_step = None  # the step on which this process's hook first saw parameters
+        self._warned_models = False
 
     def topk_settings(self) -> dict:
         """The settings that decide what a step sends; they must be equal on every rank (checked on the first
@@ -198,6 +201,25 @@ class ZenState:
         if parameter not in self._ordinals:
             self._ordinals[parameter] = len(self._ordinals)
         return self._ordinals[parameter]
+
+    def _note_parameters(self, parameters, step: int) -> None:
+        """Number a bucket's parameters (:meth:`_ordinal`). DDP hooks every bucket of its model on every step,
+        so all of them are seen on the state's first step here: one first seen on a later step is another
+        model's. A state counts one model's steps (top-k's warm-up and ramp follow them): with top-k that is
+        a ValueError, without it a warning (the sums are right; summary() counts both models' steps)."""
+        for parameter in parameters:
+            if parameter in self._ordinals:
+                continue
+            if self._first_step is None:
+                self._first_step = step
+            elif step != self._first_step and not self._warned_models:
+                message = (f"ZenState: one state is registered on more than one DDP model (a parameter first seen on "
+                           f"step {step}, after step {self._first_step}); give each model a ZenState of its own")
+                if self.topk_ratio is not None:
+                    raise ValueError(message + ": top-k's warm-up and ramp count the state's steps")
+                self._warned_models = True
+                warnings.warn(message + ": summary() counts the steps of all of them", RuntimeWarning, stacklevel=3)
+            self._ordinal(parameter)
 
     def _parts(self, bucket, buffer: torch.Tensor, segments, large) -> tuple:
         """(parts, keys) of the bucket's large segments: each with its residual, kept per parameter (by
@@ -292,7 +314,7 @@ class ZenState:
 
     def __getstate__(self):
         return {name: getattr(self, name) for name in self.__slots__
-                if name not in ("process_group", "_comm", "_scheme", "_ordinals", "_unended")}
+                if name not in ("process_group", "_comm", "_scheme", "_ordinals", "_unended", "_first_step")}
 
     def __setstate__(self, state):
         self.process_group = None
@@ -302,6 +324,7 @@ class ZenState:
         self._totals = _no_totals()
         self._ordinals = WeakIdKeyDictionary()
         self._unended = []
+        self._first_step, self._warned_models = None, False
         self.hierarchy, self.local_size = "auto", None  # (a state pickled before these settings)
         for name, value in state.items():
             setattr(self, name, value)
@@ -376,9 +399,8 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     last = bucket.is_last() if hasattr(bucket, "is_last") else False
     # Read here, not on the lane: DDP waits for every bucket of a step before the next step's hooks run.
     step = state._totals["steps"]
-    if state.topk_ratio is not None and hasattr(bucket, "parameters"):
-        for parameter in bucket.parameters():  # ordinals from the first step's layout, DDP's initial one
-            state._ordinal(parameter)
+    if hasattr(bucket, "parameters"):  # ordinals from the first step's layout, DDP's initial one
+        state._note_parameters(bucket.parameters(), step)
     # A sparse (COO) bucket is sparse already: it is sent as it is.
     sparsify = state.topk_ratio is not None and step >= state.warmup_steps and buffer.layout == torch.strided
 
