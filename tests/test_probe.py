@@ -1,11 +1,13 @@
 """The probe says what it is doing: it runs once per group for seconds to tens of seconds (the first
 zen.predict, scheme "auto"), so it logs (logger "zen", INFO) what it probes before it starts, each phase,
-and when it is done; zen itself configures no logging. Its rates stay finite where noise swamps a slope."""
+and when it is done; zen itself configures no logging. Its rates stay finite where noise swamps a slope. Bad
+arguments to zen.predict are refused before any exchange."""
 import logging
 import re
 import time
 
 import pytest
+import torch
 
 from distributed import run_ranks
 
@@ -53,3 +55,17 @@ def test_a_rate_from_sizes_whose_times_noise_swamps_stays_finite_and_bounded():
         rate = slope_rate(u, one, four, c)
         assert rate == pytest.approx(4 * u / (four - c)) and 0 < rate < 1e10, (one, four, rate)
     assert slope_rate(u, 2e-3, 2e-3, 5e-3) == pytest.approx(4 * u / 1e-3)  # c at most half of t(4u)
+
+
+def test_predict_refuses_bad_arguments_before_any_exchange():
+    """Checked before the group is touched: no process group is needed to see them."""
+    import zen
+
+    with pytest.raises(ValueError, match="block_size"):
+        zen.predict(torch.ones(100), block_size=0)
+    with pytest.raises(TypeError, match="unsupported dtype torch.bool"):
+        zen.predict(torch.ones(100, dtype=torch.bool))
+    with pytest.raises(TypeError, match="strided"):
+        zen.predict(torch.ones(10, 3).to_sparse(1), hierarchy="both")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        zen.measure([1.0, 2.0])

@@ -279,6 +279,20 @@ def test_load_state_dict_rejects_other_settings():
         zen.ZenState(topk_ratio=0.02, warmup_steps=3).load_state_dict(saved)
 
 
+def test_load_state_dict_rejects_residuals_of_another_world_size(monkeypatch):
+    import zen
+
+    saved = zen.ZenState(topk_ratio=0.01, warmup_steps=3).state_dict()
+    saved.update(world=2, residuals={0: dict(numel=4, error=torch.ones(4), momentum=None)})
+    monkeypatch.setattr(zen.ZenState, "_world", lambda self: 3)
+    with pytest.raises(ValueError, match="averaged over 2 ranks; this group has 3"):
+        zen.ZenState(topk_ratio=0.01, warmup_steps=3).load_state_dict(saved)
+    monkeypatch.setattr(zen.ZenState, "_world", lambda self: 2)
+    resumed = zen.ZenState(topk_ratio=0.01, warmup_steps=3)
+    resumed.load_state_dict(saved)
+    assert torch.equal(resumed._residuals[0].error, torch.ones(4))
+
+
 def test_pickling_leaves_out_the_group_and_warns_on_reattach():
     import zen
 

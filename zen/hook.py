@@ -170,15 +170,23 @@ class ZenState:
         residuals = {key: dict(numel=r.numel, error=r.error, momentum=r.momentum)
                      for key, r in self._residuals.items()}
         return dict(settings=self.topk_settings(), totals=self.summary(), residuals=residuals,
-                    selector=self._selector.state_dict())
+                    selector=self._selector.state_dict(), world=self._world())
+
+    def _world(self) -> Optional[int]:
+        """The size of this state's group (None before torch.distributed is initialised)."""
+        return dist.get_world_size(self.process_group) if dist.is_initialized() else None
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from :meth:`state_dict`; its settings must equal this state's (ValueError naming those that
-        differ)."""
+        """Resume from :meth:`state_dict`; its settings must equal this state's, and where it holds residuals, its
+        world size this group's (a ValueError naming what differs)."""
         differ = [f"{k} (checkpoint {v!r}, here {self.topk_settings()[k]!r})"
                   for k, v in state["settings"].items() if self.topk_settings().get(k) != v]
         if differ:
             raise ValueError("ZenState.load_state_dict: the checkpoint's settings differ: " + "; ".join(differ))
+        saved, world = state.get("world"), self._world()
+        if state["residuals"] and saved and world and saved != world:
+            raise ValueError(f"ZenState.load_state_dict: the checkpoint's residuals are parts of gradients averaged "
+                             f"over {saved} ranks; this group has {world}")
         self._totals = {**_no_totals(), **state["totals"], "schemes": dict(state["totals"]["schemes"])}
         self._residuals = {key: topk.Residual(**r) for key, r in state["residuals"].items()}
         self._selector.load_state_dict(state["selector"])

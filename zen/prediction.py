@@ -30,7 +30,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from . import cost, wire
-from .agreement import MismatchError, inspect_call
+from .agreement import DTYPES, MismatchError, inspect_call
 from .cost import Profile, Workload, node_phases
 from .geometry import sparse_rows
 from .hierarchy import POLICY, Scan, check_hierarchy
@@ -65,9 +65,19 @@ def probe_profile(group=None, message_bytes: int = 1 << 20, repeats: int = 5) ->
     return set_profile(group, comm.submit(lambda: probe_now(comm, message_bytes, repeats)).wait())
 
 
-def _measure(tensor, group, block_size, want_profile, profile=None):
+def _check_input(tensor, block_size) -> None:
+    """A TypeError or ValueError naming the argument, where zen.predict cannot take it."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"zen.predict expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in DTYPES:
+        raise TypeError(f"zen.predict: unsupported dtype {tensor.dtype} (zen sums {', '.join(map(str, DTYPES))})")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"zen.predict: block_size (OmniReduce's block, in elements) must be a positive int; "
+                         f"got {block_size!r}")
+
+
+def _measure(tensor, group, block_size, want_profile, profile=None):
+    _check_input(tensor, block_size)
     comm = get_comm(group)
     if comm is None:
         return None, None
@@ -106,8 +116,7 @@ def _node_times(tensor, group, local_size, block_size) -> Optional[Dict[str, flo
     steps inside the node on the node's profile (probed on a node's ranks, once) and the cross step on the
     workload of the summed shards, measured on the cross group, on its own profile (probed on it, every
     cross group at once: the ranks of a node share its network)."""
-    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
-        raise TypeError("zen.predict(hierarchy='node') takes a strided torch.Tensor")
+    _check_input(tensor, block_size)
     comm = get_comm(group)
     if comm is None:
         return None
@@ -165,6 +174,9 @@ def predict(tensor: torch.Tensor, group=None, profile: Optional[Profile] = None,
     check_hierarchy("zen.predict", hierarchy if hierarchy != "both" else "flat", local_size)
     if hierarchy == "auto":
         raise ValueError("zen.predict: hierarchy must be 'flat', 'node' or 'both'; got 'auto'")
+    if hierarchy != "flat" and not (isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided):
+        raise TypeError(f"zen.predict(hierarchy={hierarchy!r}) predicts node calls of strided tensors; for a "
+                        f"sparse COO tensor use hierarchy='flat'")
     times = {}
     if hierarchy in ("flat", "both"):
         workload, agreed = _measure(tensor, group, block_size, want_profile=True, profile=profile)
