@@ -31,6 +31,7 @@ test: $(VENV)/.built
 # is the command's printed table, moved into results/ only when the command succeeds. It times calls for some
 # minutes: run it on an otherwise idle machine.
 MEMORY_ARGS := --world 4 --sizes 4M --densities 0.001,0.01,0.1
+PLANNER_ARGS := --embedding 106545x128 --batch-tokens 2048 --world 8 --bandwidth 1gbit --latency 50us
 
 results: $(VENV)/.built
 	mkdir -p results/tmp
@@ -48,6 +49,8 @@ results: $(VENV)/.built
 	mv results/tmp/faults.txt results/faults.txt
 	$(PY) benchmarks/soak.py --calls 3000 --json results/soak.json > results/tmp/soak.txt
 	mv results/tmp/soak.txt results/soak.txt
+	{ echo '$$ python -m zen.planner $(PLANNER_ARGS)'; $(PY) -m zen.planner $(PLANNER_ARGS); } > results/tmp/planner_example.txt
+	mv results/tmp/planner_example.txt results/planner_example.txt
 	$(PY) benchmarks/report.py
 
 # AddressSanitizer + UBSan over the CPU kernels' tests, with the date and commit, into results/sanitize.txt.

@@ -489,6 +489,11 @@ def kernels_cpu(res):
     return lines
 
 
+def planner_example(res):
+    """The planner's command and what it printed (make results), as a code block."""
+    return ["```"] + res.text("planner_example.txt").rstrip("\n").split("\n") + ["```"]
+
+
 def auto_cost(res):
     """train.py --scheme auto: what auto spent choosing, against the whole run."""
     run = res.json("train_lm_2_auto")
@@ -566,6 +571,7 @@ BLOCKS = {
     ",".join(TRAIN) + "#match": train_match,
     ",".join(DENSE): dense_table,
     "kernels_cpu": kernels_cpu,
+    "planner_example": planner_example,
     ",".join(HIERARCHY): hierarchy_table,
     "train_lm_2_auto": auto_cost,
     "faults": faults,

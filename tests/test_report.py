@@ -111,3 +111,21 @@ def test_a_missing_file_is_named(copy):
     os.remove(tmp / "results" / "train_lm_4x1gbit.json")
     done = report("--check", *options)
     assert done.returncode != 0 and "train_lm_4x1gbit.json" in done.stderr
+
+
+def test_the_planner_example_is_what_the_planner_prints_now():
+    """The planner predicts without measuring: its example in README (results/planner_example.txt, written by
+    `make results`) must be what today's cost model prints for the same command."""
+    import contextlib
+    import io
+    import shlex
+
+    from zen import planner
+
+    with open(os.path.join(ROOT, "results", "planner_example.txt")) as f:
+        command, *printed = f.read().split("\n")
+    argv = shlex.split(command.removeprefix("$ python -m zen.planner"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert planner.main(argv) == 0
+    assert out.getvalue() == "\n".join(printed), "rerun `make results` (or its planner line)"

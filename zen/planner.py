@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from . import cost, ops, wire
+from .agreement import DTYPES
 from .cost import LOCAL_TIMES, Profile, Workload
 from .geometry import block_bounds, doubling_groups, flat_coo
 from .measurement.store import make_profile
@@ -148,13 +149,30 @@ def gradient_workload(tensors: List[torch.Tensor], world: int, gamma: Optional[f
                                   index_size=files.index_size, value_size=value_size, dense_input=dense_input)
 
 
-def _load(path: str) -> List[torch.Tensor]:
-    obj = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for t in obj.values() if isinstance(t, torch.Tensor)]
-    raise ValueError(f"--gradient {path}: expected a tensor or a dict of tensors, got {type(obj).__name__}")
+def _load(path: str) -> dict:
+    """{name: tensor} of a saved gradient file ("" for a lone tensor); a ValueError naming what is wrong."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError) as error:
+        raise ValueError(f"--gradient {path}: cannot load it ({error})") from None
+    tensors = {"": obj} if isinstance(obj, torch.Tensor) else (
+        {str(k): t for k, t in obj.items() if isinstance(t, torch.Tensor)} if isinstance(obj, dict) else None)
+    if not tensors:
+        raise ValueError(f"--gradient {path}: expected a tensor or a dict of tensors, got {type(obj).__name__}")
+    for name, t in tensors.items():
+        if t.dtype not in DTYPES:
+            raise ValueError(f"--gradient {path}{f' [{name}]' if name else ''}: unsupported dtype {t.dtype}")
+    return tensors
+
+
+def _load_all(paths: List[str]) -> dict:
+    """{name: [the tensor of each file]}: files matched by their tensors' names, which must be the same."""
+    files = [_load(path) for path in paths]
+    for path, tensors in zip(paths[1:], files[1:]):
+        if tensors.keys() != files[0].keys():
+            raise ValueError(f"--gradient {path}: holds tensors {sorted(tensors)}, {paths[0]} holds "
+                             f"{sorted(files[0])}: every file must hold the same ones")
+    return {name: [tensors[name] for tensors in files] for name in files[0]}
 
 
 def _size(nbytes: float) -> str:
@@ -209,6 +227,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.world < 1:
         parser.error("--world must be >= 1")
+    for flag, value, low in (("--batch-tokens", args.batch_tokens, 1), ("--block-size", args.block_size, 1),
+                             ("--zipf", args.zipf, 0), ("--gamma", args.gamma, 1)):
+        if value is not None and not value >= low:
+            parser.error(f"{flag} must be >= {low}; got {value}")
+    if args.gamma is not None and args.gamma > args.world:
+        parser.error(f"--gamma is the union's growth over {args.world} ranks: at most {args.world}; got {args.gamma}")
+    if len(args.gradient) > args.world:
+        parser.error(f"--gradient: {len(args.gradient)} files for {args.world} ranks (one per rank at most)")
     if not args.embedding and not args.gradient:
         parser.error("give --embedding ROWSxDIM (with --batch-tokens) or --gradient FILE.pt")
     if args.embedding and not args.batch_tokens:
@@ -226,15 +252,18 @@ def main(argv=None) -> int:
             rows, dim = (int(x) for x in spec.lower().split("x"))
         except ValueError:
             parser.error(f"--embedding {spec!r}: expected ROWSxDIM, e.g. 1000000x64")
+        if rows < 1 or dim < 1:
+            parser.error(f"--embedding {spec!r}: rows and columns must be >= 1")
         workloads.append(embedding_workload(rows, dim, args.batch_tokens, args.world, args.zipf, value_size,
                                             args.block_size))
         names.append(f"embedding {rows}x{dim}")
     if args.gradient:
-        per_file = [_load(path) for path in args.gradient]
-        for i in range(len(per_file[0])):
-            workloads.append(gradient_workload([tensors[i] for tensors in per_file], args.world, args.gamma,
-                                               args.block_size))
-            names.append(f"gradient {args.gradient[0]}" + (f" [{i}]" if len(per_file[0]) > 1 else ""))
+        try:
+            for name, tensors in _load_all(args.gradient).items():
+                workloads.append(gradient_workload(tensors, args.world, args.gamma, args.block_size))
+                names.append(f"gradient {args.gradient[0]}" + (f" [{name}]" if name else ""))
+        except ValueError as error:
+            parser.error(str(error))
 
     result = plan(workloads, names, profile)
     if args.json:
