@@ -452,10 +452,39 @@ def report(rows, args):
         plot(rows, args.plot)
 
 
+def check_args(parser, args) -> None:
+    """argparse errors for values the benchmark cannot run (before any rank starts)."""
+    import zen
+
+    for flag, value, low in (("--world", args.world, 1), ("--iters", args.iters, 1), ("--warmup", args.warmup, 0),
+                             ("--max-iters", args.max_iters, 1), ("--text-dim", args.text_dim, 1),
+                             ("--text-batch", args.text_batch, 1), ("--ranks-per-host", args.ranks_per_host, 1),
+                             ("--min-seconds", args.min_seconds, 0)):
+        if not value >= low:
+            parser.error(f"{flag} must be >= {low}; got {value}")
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
+        densities = [float(d) for d in args.densities.split(",")]
+    except ValueError as error:
+        parser.error(f"--sizes and --densities take comma-separated numbers ({error})")
+    if min(sizes) < 1:
+        parser.error(f"--sizes must be >= 1 element each; got {args.sizes}")
+    if not all(0 < d <= 1 for d in densities):
+        parser.error(f"--densities must be in (0, 1] each; got {args.densities}")
+    for name in (args.schemes.split(",") if args.schemes else []):
+        scheme, _, hierarchy = name.partition("@")
+        if scheme not in zen.SCHEMES or hierarchy not in ("", "node"):
+            parser.error(f"--schemes: unknown {name!r} (schemes: {', '.join(zen.SCHEMES)}, each with or without @node)")
+    if args.ranks_per_host > 1 and (not args.bandwidth or args.world % args.ranks_per_host):
+        parser.error("--ranks-per-host needs --bandwidth (an emulated cluster) and must divide --world")
+
+
 def main(argv=None):
     from launch import launch
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
     if not args.from_env:  # said at once: the ranks take seconds to start, and the first case probes the links
         where = f"an emulated cluster at {args.bandwidth}" if args.bandwidth else "local gloo ranks over loopback"
         say(f"starting {args.world} ranks ({where}): each imports torch and joins the group, then rank 0 reports "
