@@ -111,6 +111,8 @@ def test_ramp_and_keep_count():
     (dict(topk_ratio=0.1, momentum=1.0), "momentum"), (dict(topk_ratio=0.1, selection="fast"), "selection"),
     (dict(topk_ratio=0.1, min_numel=0), "min_numel"), (dict(topk_ratio=0.1, density_ramp=0), "density_ramp"),
     (dict(global_topk=True), "global_topk"), (dict(topk_ratio=0.1, global_topk=True, scheme="sparcml"), "global_topk"),
+    # checked without topk_ratio too
+    (dict(selection="fast"), "selection"), (dict(momentum="0.9"), "momentum"), (dict(min_numel=-1), "min_numel"),
 ])
 def test_bad_settings_raise_naming_the_setting(kwargs, name):
     import zen
@@ -389,14 +391,21 @@ def test_residuals_of_a_bucket_without_parameters_carry_over():
 
 
 def _different_settings(rank, world):
+    """Settings that differ in what a step sends, or in whether it is sparsified at all (top-k on one rank
+    only, another warm-up, values in half on one rank): every rank raises on the state's first call."""
     import zen
 
-    state = zen.ZenState(topk_ratio=0.01 if rank == 0 else 0.02, warmup_steps=2)
-    for step in range(2):
-        zen.zen_hook(state, LocalBucket(torch.ones(5000), is_last=True)).wait()
-    with pytest.raises(zen.MismatchError, match="topk_ratio"):
-        zen.zen_hook(state, LocalBucket(torch.ones(5000), is_last=True)).wait()
-    return True
+    cases = [(dict(topk_ratio=0.01 if rank == 0 else 0.02, warmup_steps=2), "topk_ratio"),
+             (dict(topk_ratio=0.01, warmup_steps=2 + rank), "warmup_steps"),
+             (dict(topk_ratio=0.01, warmup_steps=2) if rank else {}, "topk_ratio"),
+             (dict(value_dtype=torch.bfloat16) if rank else {}, "value_dtype")]
+    for settings, name in cases:
+        state = zen.ZenState(**settings)
+        with pytest.raises(zen.MismatchError, match=name):
+            zen.zen_hook(state, LocalBucket(torch.ones(5000), is_last=True)).wait()
+    x = torch.ones(10)
+    zen.all_reduce(x)  # the group is still usable
+    return x[0].item() == world
 
 
 def test_ranks_with_different_settings_all_raise():

@@ -192,8 +192,10 @@ class ZenState:
         self._selector.load_state_dict(state["selector"])
 
     def _check_same_settings(self, comm) -> None:
-        """On the first step with top-k or value_dtype: every rank's settings, one code each, gathered; every rank
-        raises the same MismatchError naming the settings that differ."""
+        """Before the state's first call: every rank's settings, one code each, gathered; every rank raises the
+        same MismatchError naming the settings that differ. (On the first call, not the first sparsified one:
+        ranks that differ in whether a step is sparsified, or in the dtype values travel in, would otherwise
+        start different collectives.)"""
         if self._checked:
             return
         settings = self.topk_settings()
@@ -366,7 +368,6 @@ def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor
                      stats: dict) -> None:
     """One top-k step of a bucket (averaged already): sparsify its large parameters with error feedback, sum
     its small ones dense in one all-reduce, and the rest with the scheme."""
-    state._check_same_settings(comm)
     segments = segments or [(0, buffer.numel(), 1)]
     large, small = topk.split_segments(segments, state.min_numel)
     parts, keys = state._parts(bucket, buffer, segments, large)
@@ -415,12 +416,11 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     def job():
         start = time.perf_counter()
         stats = {}
+        state._check_same_settings(comm)
         buffer.div_(comm.world)  # divide before summing: no fp16 overflow, same as DDP's own allreduce
         if sparsify:
             _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
         else:
-            if state.value_dtype is not None:
-                state._check_same_settings(comm)
             POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments, value_dtype=state.value_dtype,
                        hierarchy=state.hierarchy, local_size=state.local_size)
         state.last_stats = stats

@@ -39,15 +39,15 @@ BAND = (0.8, 1.3)
 
 def check_topk_settings(owner: str, topk_ratio, warmup_steps, momentum, min_numel, selection, density_ramp,
                         reestimate_every) -> None:
-    """ValueError naming the first bad top-k setting."""
-    if topk_ratio is None:
-        return
-    if isinstance(topk_ratio, bool) or not isinstance(topk_ratio, (int, float)) or not 0.0 < topk_ratio <= 1.0:
+    """ValueError naming the first bad top-k setting (each is checked, with top-k or without)."""
+    if topk_ratio is not None and (isinstance(topk_ratio, bool) or not isinstance(topk_ratio, (int, float))
+                                   or not 0.0 < topk_ratio <= 1.0):
         raise ValueError(f"{owner}: topk_ratio must be None or in (0, 1]; got {topk_ratio!r}")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 2:
         raise ValueError(f"{owner}: warmup_steps must be an int >= 2 (DDP rebuilds its buckets after the first "
                          f"step, and residuals are kept per bucket); got {warmup_steps!r}")
-    if momentum is not None and not 0.0 <= momentum < 1.0:
+    if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
+                                 or not 0.0 <= momentum < 1.0):
         raise ValueError(f"{owner}: momentum must be None or in [0, 1); got {momentum!r}")
     if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 1:
         raise ValueError(f"{owner}: min_numel must be a positive int; got {min_numel!r}")
