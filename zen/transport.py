@@ -85,9 +85,10 @@ def _private_group(group, ranks: List[int], backend, timeout, suffix: str = "") 
     """zen's own group over ``ranks``, created by the members only.
 
     Its name derives from the user's group's name (the same on every member), so members may create their
-    zen groups in any order, from any thread (each creation talks to the store on a connection of its own). (``dist.new_group(use_local_synchronization=True)`` names a group after how
-    many groups the calling process made before, so ranks whose first zen calls on overlapping groups come
-    in different orders would wait on different names until the timeout.) Falls back to that public call
+    zen groups in any order, from any thread (each creation talks to the store on a connection of its own).
+    (``dist.new_group(use_local_synchronization=True)`` names a group after how many groups the calling
+    process made before, so ranks whose first zen calls on overlapping groups come in different orders would
+    wait on different names until the timeout.) Falls back to that public call
     where this torch lacks the helper, with a warning (once), since the fallback can hang as said."""
     global _warned_fallback
     c10d = dist.distributed_c10d
@@ -417,7 +418,6 @@ def get_comm(group=None, timeout=None) -> Optional[Comm]:
         raise RuntimeError("zen: torch.distributed is not initialised; call dist.init_process_group first")
     if group is not None and dist.get_rank(group) < 0:
         return None
-    check_timeout("zen", timeout)
     key = group if group is not None else dist.group.WORLD
     with _comms_lock:
         comm = _comms.get(key)
