@@ -89,8 +89,22 @@ def _views_and_async(rank, world):
     for w, x, r in zip(works, xs, refs):
         assert w.wait() and w.is_completed()
         assert same(x, r)
-    fut = zen.all_reduce(torch.ones(10), async_op=True).get_future()
-    assert same(fut.wait(), torch.full((10,), float(world)))
+    work = zen.all_reduce(torch.ones(2, 5), async_op=True)
+    fut = work.get_future()  # as torch's: a future of [tensor]
+    assert same(fut.wait()[0], torch.full((2, 5), float(world))) and work.exception() is None
+    assert same(work.result()[0], torch.full((2, 5), float(world)))
+    # A collective started in a callback of a zen future, which runs on zen's worker thread: it runs at once,
+    # where queued behind the callback it would wait forever. (The gate holds the worker until the callback is
+    # registered, so the future completes there.)
+    import threading
+
+    gate = threading.Event()
+    zen.transport.get_comm().submit(gate.wait)
+    norm = torch.ones(3)
+    chained = zen.all_reduce(torch.ones(2, 5), async_op=True).get_future().then(
+        lambda done: zen.all_reduce(norm) or done.value()[0].sum())
+    gate.set()
+    assert chained.wait().item() == 10 * world and same(norm, torch.full((3,), float(world)))
 
     stats = {}
     x = make("uniform", 50000, 0.01, rank, world, seed=3)

@@ -54,10 +54,12 @@ def make_scheme(name: str, **settings) -> Scheme:
 
 
 class Work:
-    """The handle of an asynchronous zen collective (like ``torch.distributed.Work``)."""
+    """The handle of an asynchronous zen collective, as ``torch.distributed.Work``: ``wait``, ``is_completed``,
+    ``exception``, ``result`` and ``get_future`` (whose value is ``[tensor]``, as torch's)."""
 
     def __init__(self, future: torch.futures.Future):
         self._future = future
+        self._listed = None
 
     def wait(self, timeout=None) -> bool:
         """Block until done; re-raises the collective's error on this rank. ``timeout`` (seconds or a
@@ -75,8 +77,26 @@ class Work:
     def is_completed(self) -> bool:
         return self._future.done()
 
+    def exception(self) -> Optional[BaseException]:
+        """The collective's error once it has failed; None while it runs or where it succeeded."""
+        if not self._future.done():
+            return None
+        try:
+            self._future.wait()
+        except Exception as error:  # noqa: BLE001  (handed back, not raised)
+            return error
+        return None
+
+    def result(self) -> list:
+        """``[tensor]``, the summed tensor, once done (waits)."""
+        self.wait()
+        return [self._future.value()]
+
     def get_future(self) -> torch.futures.Future:
-        return self._future
+        """A future of ``[tensor]`` (the same future on every call)."""
+        if self._listed is None:
+            self._listed = self._future.then(lambda done: [done.value()])
+        return self._listed
 
 
 def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=None, async_op: bool = False,

@@ -140,6 +140,10 @@ class Lane:
     def submit(self, job) -> None:
         self._jobs.put(job)
 
+    def is_current(self) -> bool:
+        """Whether the calling thread is this lane's (a job, or a callback of a job's future)."""
+        return threading.current_thread() is self._thread
+
     def close(self, timeout: float) -> None:
         """End the thread after the jobs already submitted; wait for it at most ``timeout`` seconds (a job
         stuck in a collective with a dead peer must not hold up the process's exit)."""
@@ -203,7 +207,12 @@ class Comm:
 
     # --- the lane -----------------------------------------------------------------------------------
     def submit(self, job, stream=None) -> torch.futures.Future:
-        """Run ``job()`` on this group's lane; the future carries its result or its exception."""
+        """Run ``job()`` on this group's lane; the future carries its result or its exception.
+
+        A job's future completes on the lane, so its callbacks run there: a collective that a callback starts
+        (``work.get_future().then(...)``, a DDP hook's ``.then``) runs at once, inline, where it would
+        otherwise wait in the queue behind the callback that waits for it. Every rank runs it at the same
+        point, right after the job whose future it follows."""
         fut = torch.futures.Future()
 
         def run():
@@ -218,7 +227,10 @@ class Comm:
             except BaseException as error:  # noqa: B036  (the waiter re-raises it)
                 fut.set_exception(error)
 
-        self._lane.submit(run)
+        if self._lane.is_current():
+            run()
+        else:
+            self._lane.submit(run)
         return fut
 
     # --- failure state --------------------------------------------------------------------------------
