@@ -45,7 +45,7 @@ import torch
 from . import agreement, ops
 from .agreement import HIERARCHIES, MismatchError, Problem
 from .measurement.timing import call_seconds, clock_id
-from .schemes.call import Segment, decide_rows, run_call, scan_rows, segment_entries
+from .schemes.call import Segment, call_header, decide_rows, run_call, scan_rows, segment_entries
 from .hierarchy_coo import node_sparse
 from .hierarchy_strided import node_strided, shard_segments
 from .topology import Topology, detect, node_comms
@@ -121,7 +121,7 @@ class Hierarchy:
                 stats["hierarchy"] = "flat"
             return tensor
         topology = self.topology(comm, local_size,
-                                 lambda: _call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting))
+                                 lambda: call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting))
         mode = self._mode(comm, topology, hierarchy)
         key = (comm, topology.nodes, _tensor_key(tensor), block_size)
         trial = None
@@ -197,16 +197,6 @@ def _tensor_key(tensor) -> tuple:
 POLICY = Hierarchy()
 
 
-def _call_header(comm: Comm, tensor, scheme, scheme_name, allowed, block_size, setting) -> tuple:
-    """(header, detail, shape, scheme name) of a call, as its agreement takes them (run_call's, for a flat call)."""
-    name = scheme_name if scheme_name is not None else getattr(scheme, "name", None)
-    settings = scheme.agreement_settings() if scheme is not None else None
-    header, detail = agreement.inspect_call(tensor, name, scheme is not None, settings, comm.backend, allowed,
-                                            block_size, setting)
-    shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
-    return header, detail, shape, str(name)
-
-
 def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments,
               value_dtype, setting) -> None:
     """The three steps of the module docstring, for ``comm``'s rank in ``topology`` (equal nodes); ``setting``:
@@ -214,7 +204,7 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
     intra, cross = node_comms(comm, topology)
     for sub in (intra, cross):
         sub.check_usable()
-    header, detail, shape, name = _call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting)
+    header, detail, shape, name = call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting)
     node = topology.node_of(comm.rank)
     scan = None
     if not detail and tensor.layout == torch.strided and tensor.numel():

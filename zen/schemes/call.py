@@ -42,14 +42,8 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     every rank; a failure part-way -> the error here, and :class:`zen.BrokenGroupError` for every later
     call on the group."""
     comm.check_usable()
-    if scheme_name is None:
-        scheme_name = getattr(scheme, "name", None)
-    settings = scheme.agreement_settings() if scheme is not None else None
-    described = tensor if whole is None else whole
-    header, detail = agreement.inspect_call(described, scheme_name, scheme is not None, settings, comm.backend,
-                                            allowed, block_size, hierarchy)
-    shape = tuple(described.shape) if isinstance(described, torch.Tensor) else ()
-    scheme_name = str(scheme_name)  # (after inspect_call, whose detail names a non-string scheme by its repr)
+    header, detail, shape, scheme_name = call_header(comm, tensor if whole is None else whole, scheme, scheme_name,
+                                                     allowed, block_size, hierarchy)
     if detail:
         agreement.report(comm, header, detail, shape=shape, scheme_name=scheme_name)
     if comm.world == 1:
@@ -75,6 +69,19 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     if stats is not None:
         stats.update(call.stats)
     return tensor
+
+
+def call_header(comm: Comm, tensor, scheme, scheme_name, allowed, block_size, hierarchy=None) -> tuple:
+    """(header, detail, shape, scheme name) of a call on ``tensor``, as its agreement takes them
+    (:func:`zen.agreement.inspect_call`; ``scheme_name`` None: the scheme's own name)."""
+    if scheme_name is None:
+        scheme_name = getattr(scheme, "name", None)
+    settings = scheme.agreement_settings() if scheme is not None else None
+    header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend,
+                                            allowed, block_size, hierarchy)
+    shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
+    # str after inspect_call, whose detail names a non-string scheme by its repr
+    return header, detail, shape, str(scheme_name)
 
 
 def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int], segments, scanned=None) -> None:
