@@ -86,6 +86,24 @@ def test_nonzero_special_values():
     assert torch.isnan(val[0]) and val[1] == float("inf") and val[2] == -float("inf")
 
 
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int8, torch.uint8, torch.int16])
+def test_nonzero_long_tensors(dtype):
+    """Beyond one chunk of the scan and not a multiple of its 64-element words: every width of element, with
+    -0.0 (a zero), NaN and subnormals among the non-zeros of float types."""
+    g = torch.Generator().manual_seed(3)
+    numel = 3 * 2**14 + 101
+    dense = torch.zeros(numel, dtype=dtype)
+    at = torch.randperm(numel, generator=g)[:numel // 50]
+    dense[at] = torch.randint(1, 100, (at.numel(),), generator=g).to(dtype)
+    dense[[0, 63, 64, 2**14 - 1, 2**14, numel - 1]] = torch.ones(6, dtype=dtype)
+    if dtype.is_floating_point:
+        dense[[5, 2**14 + 7, numel - 2]] = torch.tensor([-0.0, float("nan"), torch.finfo(dtype).tiny / 4]).to(dtype)
+    got_idx, got_val = ops.nonzero(dense.to(DEVICE))
+    ref_idx, ref_val = ref_nonzero(dense)
+    assert torch.equal(got_idx.cpu().long(), ref_idx)
+    assert torch.equal(got_val.cpu().view(torch.uint8), ref_val.view(torch.uint8))
+
+
 def test_nonzero_rejects_bad_input():
     with pytest.raises(RuntimeError, match="dense must be 1-D"):
         ops.nonzero(torch.zeros(2, 2, device=DEVICE))

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "zen/checks.h"
@@ -12,6 +13,8 @@
 
 namespace zen {
 namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the bitmap's words are read little-endian");
 
 template <typename index_t>
 void build_index_sets(int64_t numel, uint32_t n, uint64_t seed, index_t* sets, int64_t* offsets) {
@@ -69,15 +72,24 @@ at::Tensor bitmap_encode_cpu(const at::Tensor& indices, const at::Tensor& index_
     const index_t* idx = indices.const_data_ptr<index_t>();
     const index_t* set_begin = index_set.const_data_ptr<index_t>();
     const index_t* set_end = set_begin + bits;
-    // Both are ascending: each search gallops forward from where the previous one ended, so a dense
-    // subset costs O(1) per index and a sparse one O(log gap).
+    // Both are ascending: each search starts where the previous one ended. A subset denser than one in
+    // kLine costs one compare to find its line and a branch-free count within it; a sparser one gallops
+    // over lines, O(log gap).
+    constexpr int64_t kLine = 64;
     const index_t* cursor = set_begin;
     for (int64_t i = 0; i < count; ++i) {
-      TORCH_CHECK(i == 0 || idx[i] > idx[i - 1], "bitmap_encode: indices must be strictly ascending");
-      int64_t step = 1;
-      while (step < set_end - cursor && cursor[step] < idx[i]) step *= 2;
-      cursor = std::lower_bound(cursor + step / 2, cursor + std::min<int64_t>(step + 1, set_end - cursor), idx[i]);
-      TORCH_CHECK(cursor != set_end && *cursor == idx[i], "bitmap_encode: index ", (int64_t)idx[i],
+      const index_t x = idx[i];
+      TORCH_CHECK(i == 0 || x > idx[i - 1], "bitmap_encode: indices must be strictly ascending");
+      if (set_end - cursor > kLine && cursor[kLine - 1] < x) {
+        int64_t step = 2 * kLine;
+        while (step < set_end - cursor && cursor[step - 1] < x) step *= 2;
+        cursor = std::lower_bound(cursor + step / 2, cursor + std::min<int64_t>(step, set_end - cursor), x);
+      } else {
+        int below = 0;
+        for (int j = 0, e = static_cast<int>(std::min<int64_t>(kLine, set_end - cursor)); j < e; ++j) below += cursor[j] < x;
+        cursor += below;
+      }
+      TORCH_CHECK(cursor != set_end && *cursor == x, "bitmap_encode: index ", (int64_t)x,
                   " is not in the partition's index set");
       const int64_t r = cursor - set_begin;
       out[r >> 3] |= uint8_t(1u << (r & 7));
@@ -94,10 +106,18 @@ at::Tensor bitmap_decode_cpu(const at::Tensor& bitmap, const at::Tensor& index_s
   TORCH_CHECK(bitmap.numel() == (bits + 7) / 8, "bitmap has ", bitmap.numel(), " bytes, expected ", (bits + 7) / 8,
               " for an index set of ", bits, ": truncated or corrupt buffer");
   const uint8_t* in = bitmap.const_data_ptr<uint8_t>();
+  // Read as 64-bit words (little-endian: bit r of the bitmap is bit r % 64 of word r / 64), the tail bytes
+  // zero-padded; a branch per word, not per byte.
+  const int64_t num_bytes = bitmap.numel(), num_words = (num_bytes + 7) / 8;
+  auto word = [&](int64_t w) {
+    uint64_t x = 0;
+    std::memcpy(&x, in + 8 * w, std::min<int64_t>(8, num_bytes - 8 * w));
+    return x;
+  };
   int64_t set_bits = 0;
-  for (int64_t b = 0; b < bitmap.numel(); ++b) set_bits += __builtin_popcount(in[b]);
+  for (int64_t w = 0; w < num_words; ++w) set_bits += __builtin_popcountll(word(w));
   if (bits % 8) {
-    TORCH_CHECK((in[bitmap.numel() - 1] >> (bits % 8)) == 0, "bitmap has bits set past its index set: corrupt buffer");
+    TORCH_CHECK((in[num_bytes - 1] >> (bits % 8)) == 0, "bitmap has bits set past its index set: corrupt buffer");
   }
   TORCH_CHECK(count < 0 || set_bits == count, "bitmap has ", set_bits, " bits set, expected ", count,
               ": corrupt buffer");
@@ -106,8 +126,8 @@ at::Tensor bitmap_decode_cpu(const at::Tensor& bitmap, const at::Tensor& index_s
     const index_t* set = index_set.const_data_ptr<index_t>();
     index_t* o = out.data_ptr<index_t>();
     int64_t k = 0;
-    for (int64_t b = 0; b < bitmap.numel(); ++b) {
-      for (unsigned byte = in[b]; byte; byte &= byte - 1) o[k++] = set[8 * b + __builtin_ctz(byte)];
+    for (int64_t w = 0; w < num_words; ++w) {
+      for (uint64_t x = word(w); x; x &= x - 1) o[k++] = set[64 * w + __builtin_ctzll(x)];
     }
   });
   return out;

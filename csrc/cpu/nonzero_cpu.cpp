@@ -1,4 +1,4 @@
-// Non-zero extraction: one pass over the dense buffer, blocks of 16 elements tested at once; and its block
+// Non-zero extraction: one pass over the dense buffer, 64 elements tested at once; and its block
 // variants (a block of b consecutive elements is sent whole when any of them is non-zero).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -8,65 +8,104 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "zen/checks.h"
 #include "zen/zero_test.h"
 
 namespace zen {
 namespace {
 
+// Bit j of the result: whether element j of the `count` (<= 64) at bits is a non-zero.
+template <typename bits_t, bits_t kMask>
+inline uint64_t nonzero_mask(const bits_t* bits, int64_t count) {
+  uint64_t mask = 0;
+  for (int64_t j = 0; j < count; ++j) mask |= uint64_t((bits[j] & kMask) != 0) << j;
+  return mask;
+}
+
+// The same for 64 elements, 16 bytes compared at a time where SSE2 is (x86-64 always has it).
+template <typename bits_t, bits_t kMask>
+inline uint64_t nonzero_mask64(const bits_t* bits) {
+#if defined(__SSE2__)
+  if constexpr (sizeof(bits_t) <= 4) {
+    // kMask repeated over 16 bytes: the bits that make an element non-zero
+    bits_t lanes[16 / sizeof(bits_t)];
+    std::fill(lanes, lanes + 16 / sizeof(bits_t), kMask);
+    const __m128i keep = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lanes)), zero = _mm_setzero_si128();
+    auto is_zero = [&](int j) {  // the j-th 16 bytes compared with zero, lane by lane
+      const __m128i v = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits) + j), keep);
+      if constexpr (sizeof(bits_t) == 4) return _mm_cmpeq_epi32(v, zero);
+      if constexpr (sizeof(bits_t) == 2) return _mm_cmpeq_epi16(v, zero);
+      return _mm_cmpeq_epi8(v, zero);
+    };
+    uint64_t mask = 0;
+    if constexpr (sizeof(bits_t) == 4) {
+      for (int j = 0; j < 16; ++j)
+        mask |= uint64_t(_mm_movemask_ps(_mm_castsi128_ps(is_zero(j))) ^ 0xF) << (4 * j);
+    } else if constexpr (sizeof(bits_t) == 2) {
+      for (int j = 0; j < 4; ++j)
+        mask |= uint64_t(_mm_movemask_epi8(_mm_packs_epi16(is_zero(2 * j), is_zero(2 * j + 1))) ^ 0xFFFF) << (16 * j);
+    } else {
+      for (int j = 0; j < 4; ++j) mask |= uint64_t(_mm_movemask_epi8(is_zero(j)) ^ 0xFFFF) << (16 * j);
+    }
+    return mask;
+  }
+#endif
+  return nonzero_mask<bits_t, kMask>(bits, 64);
+}
+
 template <typename scalar_t, typename index_t>
 void extract(const scalar_t* data, int64_t numel, at::Tensor& indices, at::Tensor& values) {
   using Bits = ZeroTest<scalar_t>;
   using bits_t = typename Bits::bits_t;
-  constexpr int64_t kBlock = 16;
   const auto* bits = reinterpret_cast<const bits_t*>(data);
 
-  // Pass 1 counts the non-zeros of each chunk (a branch-free loop the compiler vectorises); pass 2 writes
-  // them at the chunk's prefix sum. Each block of 16 is OR-tested first, so zero runs cost one load each.
-  const int64_t chunk = 1 << 16;
-  const int64_t num_chunks = (numel + chunk - 1) / chunk;
-  std::vector<int64_t> offset(num_chunks + 1, 0);
+  // One pass over the data, in chunks that stay in cache: a chunk's non-zero masks (64 elements a word) are
+  // computed and counted, then its non-zeros are written from the masks (bit by bit, from the cached
+  // chunk) into a staging area of that size; at the end the chunks' stages are copied to the outputs at
+  // their prefix sums.
+  constexpr int64_t kChunk = 1 << 14;  // elements: a multiple of 64
+  const int64_t num_chunks = (numel + kChunk - 1) / kChunk;
+  std::vector<std::vector<index_t>> stage_idx(num_chunks);
+  std::vector<std::vector<bits_t>> stage_val(num_chunks);
   at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
+    uint64_t masks[kChunk / 64];
     for (int64_t c = c0; c < c1; ++c) {
+      const int64_t begin = c * kChunk, size = std::min(numel - begin, kChunk), words = (size + 63) / 64;
+      const bits_t* chunk = bits + begin;
       int64_t count = 0;
-      for (int64_t i = c * chunk, e = std::min(numel, i + chunk); i < e; ++i) count += (bits[i] & Bits::kMask) != 0;
-      offset[c + 1] = count;
+      for (int64_t w = 0; w < words; ++w) {
+        masks[w] = 64 * (w + 1) <= size ? nonzero_mask64<bits_t, Bits::kMask>(chunk + 64 * w)
+                                        : nonzero_mask<bits_t, Bits::kMask>(chunk + 64 * w, size - 64 * w);
+        count += __builtin_popcountll(masks[w]);
+      }
+      if (count == 0) continue;
+      stage_idx[c].resize(count);
+      stage_val[c].resize(count);
+      index_t* out_idx = stage_idx[c].data();
+      bits_t* out_val = stage_val[c].data();
+      for (int64_t w = 0; w < words; ++w) {
+        for (uint64_t m = masks[w]; m; m &= m - 1) {
+          const int64_t j = 64 * w + __builtin_ctzll(m);
+          *out_idx++ = static_cast<index_t>(begin + j);
+          *out_val++ = chunk[j];
+        }
+      }
     }
   });
-  for (int64_t c = 0; c < num_chunks; ++c) offset[c + 1] += offset[c];
+  std::vector<int64_t> offset(num_chunks + 1, 0);
+  for (int64_t c = 0; c < num_chunks; ++c) offset[c + 1] = offset[c] + stage_idx[c].size();
   indices = at::empty({offset[num_chunks]}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
   values = at::empty({offset[num_chunks]}, at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value));
   auto* out_idx = indices.data_ptr<index_t>();
   auto* out_val = reinterpret_cast<bits_t*>(values.data_ptr());
   at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
-    index_t stage_idx[kBlock];
-    bits_t stage_val[kBlock];
     for (int64_t c = c0; c < c1; ++c) {
-      int64_t out = offset[c];
-      const int64_t end = std::min(numel, (c + 1) * chunk);
-      int64_t i = c * chunk;
-      for (; i + kBlock <= end; i += kBlock) {
-        bits_t any = 0;
-        for (int64_t j = 0; j < kBlock; ++j) any |= bits[i + j] & Bits::kMask;
-        if (any == 0) continue;
-        // Branch-free into a stage (every slot written, the cursor advances on non-zeros), then one copy.
-        int k = 0;
-        for (int64_t j = 0; j < kBlock; ++j) {
-          stage_idx[k] = static_cast<index_t>(i + j);
-          stage_val[k] = bits[i + j];
-          k += (bits[i + j] & Bits::kMask) != 0;
-        }
-        std::memcpy(out_idx + out, stage_idx, k * sizeof(index_t));
-        std::memcpy(out_val + out, stage_val, k * sizeof(bits_t));
-        out += k;
-      }
-      for (; i < end; ++i) {
-        if (bits[i] & Bits::kMask) {
-          out_idx[out] = static_cast<index_t>(i);
-          out_val[out++] = bits[i];
-        }
-      }
-      TORCH_INTERNAL_ASSERT(out == offset[c + 1]);
+      std::memcpy(out_idx + offset[c], stage_idx[c].data(), stage_idx[c].size() * sizeof(index_t));
+      std::memcpy(out_val + offset[c], stage_val[c].data(), stage_val[c].size() * sizeof(bits_t));
     }
   });
 }
