@@ -360,7 +360,7 @@ def format_table(rows):
                      f"merged pair {p.get('merge_time', 0) * 1e9:.1f} "
                      f"(of two runs {p.get('merge2_time', 0) * 1e9:.1f}), "
                      f"written element {p['write_time'] * 1e9:.1f}, "
-                     f"scan block with a non-zero {p.get('found_time', 0) * 1e9:.1f}, "
+                     f"non-zero found {p.get('found_time', 0) * 1e9:.1f}, "
                      f"bitmap index encoded {p.get('encode_time', 0) * 1e9:.2f}, "
                      f"decoded {p.get('decode_time', 0) * 1e9:.2f}; calibration ms (small/large call) {calibration}")
     lines += [head, "-" * len(head)]

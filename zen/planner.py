@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     for name, what in (("element_time", "per pair hashed"), ("merge_time", "per pair merged by the aggregation"),
                        ("merge2_time", "per pair merged from two runs (SparCML)"),
                        ("write_time", "per element written at ascending positions (its cache lines apart)"),
-                       ("found_time", "per block of 16 elements holding a non-zero, in the scan of a dense tensor"),
+                       ("found_time", "per non-zero found by the scan of a dense tensor"),
                        ("encode_time", "per index encoded into a hash bitmap"),
                        ("decode_time", "per index decoded from a hash bitmap")):
         parser.add_argument("--" + name.replace("_", "-"), default=None,

@@ -14,11 +14,11 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
     e      time per pair of the hashing kernels (zen's partition, OmniReduce's block ids), s
     m      time per pair merged by ``ops.aggregate`` from n ascending runs (zen's aggregate, agsparse's sum), s
     m_2    the same from two runs (SparCML's merges): a k-way merge's heap costs log k per pair, s
-    f      time per block of SCAN_BLOCK elements holding a non-zero, in the scan of a dense tensor (the
-           kernel tests 16 elements at once and stages a block's pairs only where one is set), s
+    f      time per non-zero found by the scan of a dense tensor (a set bit of its 64-element masks, the
+           pair written and copied out of its chunk's stage), s
     w      time per element scattered at ascending positions (the write-back of the union; the cache
            lines of the output it writes are counted apart, at mu), s
-    x_e    time per index encoded into a hash bitmap (a galloping search of I_j and a bit set), s
+    x_e    time per index encoded into a hash bitmap (a search of I_j from the last index, and a bit set), s
     x_d    time per index decoded from a hash bitmap (a set bit found and its I_j element written; the
            cache lines of I_j it reads are counted apart, at mu), s
 
@@ -31,7 +31,7 @@ c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p 
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + f per
-block of 16 holding one (:func:`scan_blocks`). Hashing costs e per pair, merging m per pair (m_2 from two
+non-zero. Hashing costs e per pair, merging m per pair (m_2 from two
 runs), scattering into the output w per element plus the cache lines of the output it writes, at mu
 (:func:`lines_bytes`), encoding or decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8
 bytes (|I_j| ~ M/n) cleared or read at mu; a decode also reads the cache lines of I_j that hold its |U_j|
@@ -60,11 +60,11 @@ from typing import Dict, Mapping
 
 from .estimate import estimate_workload, hash_imbalance_estimate, skewed_loads, uniform_growth, union_growth
 from .model import CALIBRATION_NUMELS, LOCAL_TIMES, PRIMITIVES, RATES, Profile, Workload
-from .terms import agree, balanced_bytes, dense_bytes, lines_bytes, node_phases, scan_blocks
+from .terms import agree, balanced_bytes, dense_bytes, lines_bytes, node_phases
 
 __all__ = ["Profile", "Workload", "LOCAL_TIMES", "CALIBRATION_NUMELS", "PRIMITIVES", "RATES", "predict_times",
            "predict_memory", "choose", "estimate_workload", "hash_imbalance_estimate", "skewed_loads",
-           "uniform_growth", "union_growth", "dense_bytes", "balanced_bytes", "lines_bytes", "scan_blocks", "node_phases"]
+           "uniform_growth", "union_growth", "dense_bytes", "balanced_bytes", "lines_bytes", "node_phases"]
 
 
 def predict_times(w: Workload, profile: Profile, formulas: Mapping) -> Dict[str, float]:

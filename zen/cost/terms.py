@@ -65,15 +65,6 @@ def rows_moved(count: float, w: Workload, p: Profile) -> float:
     return count * w.value_size / p.memory_bandwidth if w.row_size > 1 else 0.0
 
 
-SCAN_BLOCK = 16  # elements the non-zero scan tests at once (csrc/cpu/nonzero_cpu.cpp)
-
-
-def scan_blocks(count: float, span: float) -> float:
-    """Expected blocks of SCAN_BLOCK elements that hold at least one of ``count`` non-zeros spread uniformly
-    over ``span`` elements: span / B (1 - (1 - count / span)^B)."""
-    return lines_bytes(count, span, 1, SCAN_BLOCK) / SCAN_BLOCK
-
-
 def spread(blocks: float, w: Workload) -> float:
     """Elements a set of non-zeros spreads over: its non-zero blocks of ``w.block_size`` (measured), at most M
     (M where no blocks were counted)."""
@@ -81,12 +72,12 @@ def spread(blocks: float, w: Workload) -> float:
 
 
 def scan(w: Workload, p: Profile) -> float:
-    """Finding the non-zeros of a dense tensor: M s_v / mu + f per scan block holding one, on the slowest
-    rank (0 for COO input). The non-zeros spread over the rank's non-zero blocks (skewed data packs them)."""
+    """Finding the non-zeros of a dense tensor: M s_v / mu (one read: the kernel masks a cached chunk 64
+    elements at a time, then takes its non-zeros from the cache) + f per non-zero found, on the slowest rank
+    (0 for COO input)."""
     if not w.dense_input:
         return 0.0
-    found = max(scan_blocks(k, spread(sum(row), w)) for k, row in zip(w.nnz, w.block_counts))
-    return w.numel * w.value_size / p.memory_bandwidth + found * p.found_time
+    return w.numel * w.value_size / p.memory_bandwidth + max(w.nnz) * p.found_time
 
 
 def scatter(count: float, blocks: float, w: Workload, p: Profile) -> float:

@@ -5,7 +5,7 @@ import statistics
 import torch
 
 from .. import ops
-from ..cost import lines_bytes, scan_blocks
+from ..cost import lines_bytes
 from ..geometry import default_probes
 from ..transport import Comm
 from .timing import RATE_SECONDS, together_times
@@ -16,8 +16,8 @@ def probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     (16 MiB: past most caches once a few ranks share a host), every rank at once and taking turns in every repeat
     (:func:`zen.measurement.timing.together_times`), so that f, w and x_d, each a kernel's time less a part that
     mu measures, are differences within a repeat (their medians over the repeats are returned):
-    the non-zero scan of zeros (mu) and of numel / 8 random non-zeros (f: per scan block holding one, less
-    the scan of the zeros), the hash partition (e), the aggregate of n ascending runs of one partition (m)
+    the non-zero scan of zeros (mu) and of numel / 8 random non-zeros (f: per non-zero found, less the scan
+    of the zeros), the hash partition (e), the aggregate of n ascending runs of one partition (m)
     of numel / 16 pairs and that of two runs of numel / 32 pairs each (m_2, as SparCML merges), the
     write-back of numel / 8 ascending indices in n pieces split by the hash (``ops.scatter_pieces_``, as a
     call writes its union; w: per element, less the lines of the output written at mu, which the model
@@ -33,7 +33,7 @@ def probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
     count = numel // 16
     idx = torch.randperm(numel, generator=generator)[:count].to(device=device, dtype=torch.int32)
     val = torch.zeros(numel // 8, device=device)  # zeros: the scatter must leave the scanned tensor zero
-    # an eighth non-zero: 88% of the scan's blocks hold one, as at the densities where f matters
+    # an eighth non-zero, as at the densities where f matters
     found_count = numel // 8
     sparse = torch.zeros(numel, device=device).index_fill_(
         0, torch.randperm(numel, generator=generator)[:found_count].to(device), 1.0)
@@ -74,7 +74,7 @@ def probe_kernels(comm: Comm, repeats: int, numel: int = 1 << 22) -> dict:
 
     index_lines = sum(lines_bytes(decodes, own.numel(), own.element_size()) for _, own, decodes in bitmaps)
     return dict(memory_bandwidth=1 / statistics.median(byte_times),
-                found_time=less("found", numel * zeros.element_size(), scan_blocks(found_count, numel)),
+                found_time=less("found", numel * zeros.element_size(), found_count),
                 element_time=statistics.median(times["partition"]) / count,
                 merge_time=statistics.median(times["aggregate"]) / runs.numel(),
                 merge2_time=statistics.median(times["merged"]) / count,

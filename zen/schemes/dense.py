@@ -29,13 +29,13 @@ class Dense(Scheme):
     @staticmethod
     def time(w: Workload, p: Profile) -> float:
         """Agreement + ring all-reduce: c_ar + 2 (n-1)/n M s_v / b_ar (COO input is densified first and
-        found again after: 2 M s_v / mu, the scatter of k_r into its blocks, f per scan block of the union)."""
+        found again after: 2 M s_v / mu, the scatter of k_r into its blocks, f per non-zero of the union)."""
         t = p.call_overhead + terms.agree(0, w, p)
         if w.n > 1:
             t += p.fixed("allreduce", w.n) + terms.dense_bytes(w.numel, w.n, w.value_size) / p.rate("allreduce")
         if not w.dense_input:
             t += 2 * w.numel * w.value_size / p.memory_bandwidth
-            t += terms.scan_blocks(w.union, terms.spread(sum(w.block_union), w)) * p.found_time
+            t += w.union * p.found_time
             t += max(terms.scatter(k, sum(row), w, p) for k, row in zip(w.nnz, w.block_counts))
         return t
 
