@@ -137,14 +137,19 @@ void extract_blocks(const scalar_t* data, int64_t blocks, int64_t width, at::Ten
   using Bits = ZeroTest<scalar_t>;
   using bits_t = typename Bits::bits_t;
   const auto* bits = reinterpret_cast<const bits_t*>(data);
+  // Pass 1 reads every block once and marks those holding a non-zero (a byte per block); pass 2 copies the
+  // marked blocks alone to the prefix sums of the chunks' counts, so zero blocks are read once.
   const int64_t chunk = std::max<int64_t>(1, (1 << 16) / width);  // blocks per chunk
   const int64_t num_chunks = (blocks + chunk - 1) / chunk;
+  std::vector<uint8_t> marked(blocks);
   std::vector<int64_t> offset(num_chunks + 1, 0);
   at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       int64_t count = 0;
-      for (int64_t b = c * chunk, e = std::min(blocks, b + chunk); b < e; ++b)
-        count += any_nonzero<bits_t, Bits::kMask>(bits + b * width, width);
+      for (int64_t b = c * chunk, e = std::min(blocks, b + chunk); b < e; ++b) {
+        marked[b] = any_nonzero<bits_t, Bits::kMask>(bits + b * width, width);
+        count += marked[b];
+      }
       offset[c + 1] = count;
     }
   });
@@ -157,7 +162,7 @@ void extract_blocks(const scalar_t* data, int64_t blocks, int64_t width, at::Ten
     for (int64_t c = c0; c < c1; ++c) {
       int64_t out = offset[c];
       for (int64_t b = c * chunk, e = std::min(blocks, b + chunk); b < e; ++b) {
-        if (!any_nonzero<bits_t, Bits::kMask>(bits + b * width, width)) continue;
+        if (!marked[b]) continue;
         out_ids[out] = static_cast<index_t>(b);
         std::memcpy(out_rows + out * width, bits + b * width, width * sizeof(bits_t));
         ++out;
