@@ -104,6 +104,7 @@ void extract(const scalar_t* data, int64_t numel, at::Tensor& indices, at::Tenso
   auto* out_val = reinterpret_cast<bits_t*>(values.data_ptr());
   at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
+      if (stage_idx[c].empty()) continue;  // (its data() may be null, which memcpy must not see even for 0 bytes)
       std::memcpy(out_idx + offset[c], stage_idx[c].data(), stage_idx[c].size() * sizeof(index_t));
       std::memcpy(out_val + offset[c], stage_val[c].data(), stage_val[c].size() * sizeof(bits_t));
     }
