@@ -214,6 +214,19 @@ def test_aggregate_matches_reference(pieces, dtype):
     assert torch.equal(got_val.cpu(), ref_val)  # quarter-integers: exact in every dtype at this size
 
 
+@pytest.mark.parametrize("extra", [0, 20])  # a merge of 3 runs, and of 22 (each [r, r + 1] starts one)
+def test_aggregate_sums_in_peer_order(extra):
+    """Equal indices from several runs (peers' pieces) are summed in run order, as a sequential sum: in float32
+    (1e8 + 1) - 1e8 is 0, where another order gives 1."""
+    pieces = [([5], [1e8]), ([5], [1.0]), ([5], [-1e8])] + [([r, r + 1], [1.0, 2.0]) for r in range(10, 10 + extra)]
+    idx = torch.tensor([i for piece, _ in pieces for i in piece], dtype=torch.int32)
+    val = torch.tensor([v for _, values in pieces for v in values])
+    got_idx, got_val = ops.aggregate(idx.to(DEVICE), val.to(DEVICE), 100)
+    ref_idx, _ = ref_aggregate(idx, val)
+    assert torch.equal(got_idx.cpu().long(), ref_idx)
+    assert got_val.cpu()[0].item() == 0.0
+
+
 @given(sparse_index_sets(max_numel=3000), st.integers(0, 2**31))
 def test_aggregate_unordered_input(case, shuffle_seed):
     numel, idx = case

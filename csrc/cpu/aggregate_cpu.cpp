@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <queue>
 #include <vector>
@@ -41,8 +42,8 @@ std::vector<int64_t> ascending_runs(const index_t* idx, int64_t count) {
 }
 
 template <typename index_t, typename scalar_t>
-void aggregate(const index_t* idx, const scalar_t* val, int64_t count, int64_t width, at::Tensor& out_idx,
-               at::Tensor& out_val) {
+void aggregate(const index_t* idx, const scalar_t* val, int64_t count, int64_t width, int64_t numel,
+               at::Tensor& out_idx, at::Tensor& out_val) {
   using acc_t = at::opmath_type<scalar_t>;
   // Scratch as tensors (torch's allocator, visible to its memory profiler): count indices and sums.
   at::Tensor idx_buf = at::empty({count}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
@@ -63,9 +64,29 @@ void aggregate(const index_t* idx, const scalar_t* val, int64_t count, int64_t w
   };
   const std::vector<int64_t> runs = ascending_runs(idx, count);
   const int64_t num_runs = static_cast<int64_t>(runs.size()) - 1;
-  if (num_runs <= 256) {
-    // The pieces from the peers arrive ascending: a k-way merge. Ties pop the earlier run first, so the
-    // sum runs in peer order, as a sequential sum would.
+  // Every index is < numel (validated): where numel <= the index type's largest value, that value marks an
+  // exhausted run.
+  constexpr index_t kPast = std::numeric_limits<index_t>::max();
+  if (num_runs <= 16 && numel <= kPast) {
+    // The pieces from the peers arrive ascending: a k-way merge, for few runs by a scan of their heads (k - 1
+    // compares the compiler makes branch-free, where a heap's pops mispredict). An exhausted run's head is
+    // past every index. Ties take the earlier run first, so the sum runs in peer order, as a sequential
+    // sum would.
+    index_t heads[16];
+    int64_t cursor[16];
+    for (int64_t r = 0; r < num_runs; ++r) {
+      cursor[r] = runs[r];
+      heads[r] = cursor[r] < runs[r + 1] ? idx[cursor[r]] : kPast;
+    }
+    for (;;) {
+      int64_t best = 0;
+      for (int64_t r = 1; r < num_runs; ++r) best = heads[r] < heads[best] ? r : best;
+      if (heads[best] == kPast) break;
+      add(cursor[best]++);
+      heads[best] = cursor[best] < runs[best + 1] ? idx[cursor[best]] : kPast;
+    }
+  } else if (num_runs <= 256) {
+    // More runs: the same merge with a heap of their heads.
     using Head = std::pair<index_t, int64_t>;  // (index, run)
     std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
     std::vector<int64_t> cursor(runs.begin(), runs.end() - 1);
@@ -100,7 +121,7 @@ std::tuple<at::Tensor, at::Tensor> aggregate_cpu(const at::Tensor& indices, cons
     validate(indices.const_data_ptr<index_t>(), indices.numel(), numel, num_partitions, seed, partition);
     AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "zen_aggregate", [&] {
       aggregate<index_t, scalar_t>(indices.const_data_ptr<index_t>(), values.const_data_ptr<scalar_t>(),
-                                   indices.numel(), row_width(values), out_idx, out_val);
+                                   indices.numel(), row_width(values), numel, out_idx, out_val);
     });
   });
   return {out_idx, values.dim() == 1 ? out_val.view({-1}) : out_val};

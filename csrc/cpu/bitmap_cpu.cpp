@@ -72,22 +72,28 @@ at::Tensor bitmap_encode_cpu(const at::Tensor& indices, const at::Tensor& index_
     const index_t* idx = indices.const_data_ptr<index_t>();
     const index_t* set_begin = index_set.const_data_ptr<index_t>();
     const index_t* set_end = set_begin + bits;
-    // Both are ascending: each search starts where the previous one ended. A subset denser than one in
-    // kLine costs one compare to find its line and a branch-free count within it; a sparser one gallops
-    // over lines, O(log gap).
-    constexpr int64_t kLine = 64;
+    // Both are ascending: each search starts where the previous one ended. The next index is looked for
+    // among the next 8 entries of I_j, then the next 64 (branch-free counts of the entries below it), then
+    // by galloping, O(log gap): a dense subset costs a short count per index, a sparse one a search.
     const index_t* cursor = set_begin;
+    auto count_below = [&](int64_t width, index_t x) {
+      const int size = static_cast<int>(std::min<int64_t>(width, set_end - cursor));
+      int below = 0;
+      for (int j = 0; j < size; ++j) below += cursor[j] < x;
+      return below;
+    };
     for (int64_t i = 0; i < count; ++i) {
       const index_t x = idx[i];
       TORCH_CHECK(i == 0 || x > idx[i - 1], "bitmap_encode: indices must be strictly ascending");
-      if (set_end - cursor > kLine && cursor[kLine - 1] < x) {
-        int64_t step = 2 * kLine;
-        while (step < set_end - cursor && cursor[step - 1] < x) step *= 2;
-        cursor = std::lower_bound(cursor + step / 2, cursor + std::min<int64_t>(step, set_end - cursor), x);
+      const int64_t left = set_end - cursor;
+      if (left <= 8 || cursor[7] >= x) {
+        cursor += count_below(8, x);
+      } else if (left <= 64 || cursor[63] >= x) {
+        cursor += count_below(64, x);
       } else {
-        int below = 0;
-        for (int j = 0, e = static_cast<int>(std::min<int64_t>(kLine, set_end - cursor)); j < e; ++j) below += cursor[j] < x;
-        cursor += below;
+        int64_t step = 128;
+        while (step < left && cursor[step - 1] < x) step *= 2;
+        cursor = std::lower_bound(cursor + step / 2, cursor + std::min<int64_t>(step, left), x);
       }
       TORCH_CHECK(cursor != set_end && *cursor == x, "bitmap_encode: index ", (int64_t)x,
                   " is not in the partition's index set");
