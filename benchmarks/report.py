@@ -374,6 +374,7 @@ def loopback(res):
     zen = sorted((r for r in bench if r["scheme"] == "zen"), key=lambda r: r["density"])
     speedups = [f"{r['speedup_vs_dense']:.2f}x" + (" dense" if i == 0 else "") + f" at {percent(r['density'])}"
                 for i, r in enumerate(zen)]
+    local = and_join(f"{r['local_vs_copy']:.2f}" for r in zen)
     runs = [res.json(f"sparse_embedding_{w}") for w in (2, 4)]
     args = runs[0]["args"]
     steps = [f"{r['zen hook']['median_ms']:.1f} ms with the hook against {r['plain DDP']['median_ms']:.1f} ms for "
@@ -381,7 +382,8 @@ def loopback(res):
              f"{r['zen hook']['median_ms']:.1f} against {r['plain DDP']['median_ms']:.1f} at {r['world']}"
              for i, r in enumerate(runs)]
     return para(f"On loopback (`make bench`, {zen[0]['world']} ranks, {count(zen[0]['numel'])} uniform elements; "
-                f"`results/bench_loopback_4.txt`) zen runs {and_join(speedups)}; DDP with "
+                f"`results/bench_loopback_4.txt`) zen runs {and_join(speedups)}, its local phases taking "
+                f"{local} times a `copy_` of the gradient; DDP with "
                 f"`nn.Embedding({args['vocab']}, {args['dim']}, sparse=True)` "
                 f"(`python benchmarks/sparse_embedding.py --world {'|'.join(str(r['world']) for r in runs)}`) "
                 f"steps in {', '.join(steps)}.")
