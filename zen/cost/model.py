@@ -30,7 +30,7 @@ class Profile:
     memory_bandwidth: float = field(default=10e9, metadata={"unit": "B/s"})
     element_time: float = field(default=5e-9, metadata={"unit": "s"})
     write_time: float = field(default=2e-9, metadata={"unit": "s"})
-    found_time: float = field(default=30e-9, metadata={"unit": "s"})
+    found_time: float = field(default=10e-9, metadata={"unit": "s"})
     merge_time: float = field(default=20e-9, metadata={"unit": "s"})
     merge2_time: float = field(default=15e-9, metadata={"unit": "s"})
     encode_time: float = field(default=20e-9, metadata={"unit": "s"})
