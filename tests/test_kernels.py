@@ -91,13 +91,13 @@ def test_nonzero_long_tensors(dtype):
     """Beyond one chunk of the scan and not a multiple of its 64-element words: every width of element, with
     -0.0 (a zero), NaN and subnormals among the non-zeros of float types."""
     g = torch.Generator().manual_seed(3)
-    numel = 3 * 2**14 + 101
+    numel = 3 * 2**16 + 101  # the scan's chunks are 2**16 elements
     dense = torch.zeros(numel, dtype=dtype)
     at = torch.randperm(numel, generator=g)[:numel // 50]
     dense[at] = torch.randint(1, 100, (at.numel(),), generator=g).to(dtype)
-    dense[[0, 63, 64, 2**14 - 1, 2**14, numel - 1]] = torch.ones(6, dtype=dtype)
+    dense[[0, 63, 64, 2**16 - 1, 2**16, numel - 1]] = torch.ones(6, dtype=dtype)
     if dtype.is_floating_point:
-        dense[[5, 2**14 + 7, numel - 2]] = torch.tensor([-0.0, float("nan"), torch.finfo(dtype).tiny / 4]).to(dtype)
+        dense[[5, 2**16 + 7, numel - 2]] = torch.tensor([-0.0, float("nan"), torch.finfo(dtype).tiny / 4]).to(dtype)
     got_idx, got_val = ops.nonzero(dense.to(DEVICE))
     ref_idx, ref_val = ref_nonzero(dense)
     assert torch.equal(got_idx.cpu().long(), ref_idx)

@@ -65,12 +65,14 @@ void extract(const scalar_t* data, int64_t numel, at::Tensor& indices, at::Tenso
 
   // One pass over the data, in chunks that stay in cache: a chunk's non-zero masks (64 elements a word) are
   // computed and counted, then its non-zeros are written from the masks (bit by bit, from the cached
-  // chunk) into a staging area of that size; at the end the chunks' stages are copied to the outputs at
-  // their prefix sums.
-  constexpr int64_t kChunk = 1 << 14;  // elements: a multiple of 64
+  // chunk) into a stage of that size; at the end the chunks' stages are copied to the outputs at their
+  // prefix sums. Stages are tensors (torch's allocator, visible to its memory profiler).
+  constexpr int64_t kChunk = 1 << 16;  // elements: a multiple of 64
   const int64_t num_chunks = (numel + kChunk - 1) / kChunk;
-  std::vector<std::vector<index_t>> stage_idx(num_chunks);
-  std::vector<std::vector<bits_t>> stage_val(num_chunks);
+  const auto index_type = at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value);
+  const auto value_type = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
+  std::vector<at::Tensor> stage_idx(num_chunks), stage_val(num_chunks);
+  std::vector<int64_t> offset(num_chunks + 1, 0);
   at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
     uint64_t masks[kChunk / 64];
     for (int64_t c = c0; c < c1; ++c) {
@@ -82,11 +84,12 @@ void extract(const scalar_t* data, int64_t numel, at::Tensor& indices, at::Tenso
                                         : nonzero_mask<bits_t, Bits::kMask>(chunk + 64 * w, size - 64 * w);
         count += __builtin_popcountll(masks[w]);
       }
+      offset[c + 1] = count;
       if (count == 0) continue;
-      stage_idx[c].resize(count);
-      stage_val[c].resize(count);
-      index_t* out_idx = stage_idx[c].data();
-      bits_t* out_val = stage_val[c].data();
+      stage_idx[c] = at::empty({count}, index_type);
+      stage_val[c] = at::empty({count}, value_type);
+      index_t* out_idx = stage_idx[c].data_ptr<index_t>();
+      bits_t* out_val = reinterpret_cast<bits_t*>(stage_val[c].data_ptr());
       for (int64_t w = 0; w < words; ++w) {
         for (uint64_t m = masks[w]; m; m &= m - 1) {
           const int64_t j = 64 * w + __builtin_ctzll(m);
@@ -96,17 +99,17 @@ void extract(const scalar_t* data, int64_t numel, at::Tensor& indices, at::Tenso
       }
     }
   });
-  std::vector<int64_t> offset(num_chunks + 1, 0);
-  for (int64_t c = 0; c < num_chunks; ++c) offset[c + 1] = offset[c] + stage_idx[c].size();
-  indices = at::empty({offset[num_chunks]}, at::TensorOptions().dtype(c10::CppTypeToScalarType<index_t>::value));
-  values = at::empty({offset[num_chunks]}, at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value));
+  for (int64_t c = 0; c < num_chunks; ++c) offset[c + 1] += offset[c];
+  indices = at::empty({offset[num_chunks]}, index_type);
+  values = at::empty({offset[num_chunks]}, value_type);
   auto* out_idx = indices.data_ptr<index_t>();
   auto* out_val = reinterpret_cast<bits_t*>(values.data_ptr());
   at::parallel_for(0, num_chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      if (stage_idx[c].empty()) continue;  // (its data() may be null, which memcpy must not see even for 0 bytes)
-      std::memcpy(out_idx + offset[c], stage_idx[c].data(), stage_idx[c].size() * sizeof(index_t));
-      std::memcpy(out_val + offset[c], stage_val[c].data(), stage_val[c].size() * sizeof(bits_t));
+      const int64_t count = offset[c + 1] - offset[c];
+      if (count == 0) continue;  // no stage (and memcpy must not see a null pointer, even for 0 bytes)
+      std::memcpy(out_idx + offset[c], stage_idx[c].data_ptr(), count * sizeof(index_t));
+      std::memcpy(out_val + offset[c], stage_val[c].data_ptr(), count * sizeof(bits_t));
     }
   });
 }
