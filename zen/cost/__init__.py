@@ -13,7 +13,7 @@ bytes per index and per value. A :class:`Profile` gives the group's numbers:
     mu     memory bandwidth of the streaming kernels (non-zero scan, copies, dense adds), bytes/s
     e      time per pair of the hashing kernels (zen's partition, OmniReduce's block ids), s
     m      time per pair merged by ``ops.aggregate`` from n ascending runs (zen's aggregate, agsparse's sum), s
-    m_2    the same from two runs (SparCML's merges): a k-way merge's heap costs log k per pair, s
+    m_2    the same from two runs (SparCML's merges): a k-way merge's work per pair grows with k, s
     f      time per non-zero found by the scan of a dense tensor (a set bit of its 64-element masks, the
            pair written and copied out of its chunk's stage), s
     w      time per element scattered at ascending positions (the write-back of the union; the cache
@@ -31,10 +31,9 @@ c_ag = (n-1) alpha (ring), c_ar = 2 (n-1) alpha (ring), c_a2a = alpha and c_p2p 
 Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + f per
-non-zero. Hashing costs e per pair, merging m per pair (m_2 from two
-runs), scattering into the output w per element plus the cache lines of the output it writes, at mu
-(:func:`lines_bytes`), encoding or decoding a hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8
-bytes (|I_j| ~ M/n) cleared or read at mu; a decode also reads the cache lines of I_j that hold its |U_j|
+non-zero. Hashing costs e per pair, merging m per pair (m_2 from two runs), scattering into the output w per
+element plus the cache lines of the output it writes, at mu (:func:`lines_bytes`), encoding or decoding a
+hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read at mu; a decode also reads the cache lines of I_j that hold its |U_j|
 indices (nearly all of I_j once the fill passes 1/16, so at 8% fill these reads cost 8x the per-index work);
 copies and dense adds cost their bytes / mu. The probe measures f, e, m, m_2, w, x_e, x_d and mu with every
 rank running the kernel at once (the way a call runs them), so ranks that share a host's cores or
