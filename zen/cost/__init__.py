@@ -32,12 +32,12 @@ Every scheme starts with the agreement (an all-gather of a few int64 per rank).
 
 Local terms. Finding the non-zeros of a dense tensor reads all of it and writes its pairs: M s_v / mu + f per
 non-zero. Hashing costs e per pair, merging m per pair (m_2 from two runs), scattering into the output w per
-element plus the cache lines of the output it writes, at mu (:func:`lines_bytes`), encoding or decoding a
-hash bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read at mu; a decode also reads the cache lines of I_j that hold its |U_j|
-indices (nearly all of I_j once the fill passes 1/16, so at 8% fill these reads cost 8x the per-index work);
-copies and dense adds cost their bytes / mu. The probe measures f, e, m, m_2, w, x_e, x_d and mu with every
-rank running the kernel at once (the way a call runs them), so ranks that share a host's cores or
-memory bandwidth show in them.
+element plus the cache lines of the output it writes, at mu (:func:`lines_bytes`), encoding or decoding a hash
+bitmap x_e or x_d per index it holds, plus its |I_j| / 8 bytes (|I_j| ~ M/n) cleared or read at mu; a decode also
+reads the cache lines of I_j that hold its |U_j| indices (nearly all of I_j once the fill passes 1/16, so at 8%
+fill these reads cost 8x the per-index work); copies and dense adds cost their bytes / mu. The probe measures f, e,
+m, m_2, w, x_e, x_d and mu with every rank running the kernel at once (the way a call runs them), so ranks that
+share a host's cores or memory bandwidth show in them.
 
 Closed forms (equal k_r, balanced partitions, no latency, no local terms), which the functions below reduce
 to and the tests check:
