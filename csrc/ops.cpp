@@ -3,6 +3,8 @@
 #include <torch/library.h>
 #include <torch/extension.h>
 
+#include "zen/checks.h"
+
 TORCH_LIBRARY(zen, m) {
   // Dense 1-D tensor -> (indices, values) of its non-zeros, ascending. A NaN is a non-zero; -0.0 is zero.
   // Indices are int32 below 2^31 elements, int64 from there.
@@ -47,28 +49,12 @@ TORCH_LIBRARY(zen, m) {
 }
 
 // Any device without its own scatter_pieces_ (the GPU, whose random writes gain nothing from blocking):
-// one scatter_ per piece, after every piece is checked as the CPU kernel checks it (pairs, dtypes, row
-// width, bounds), so a bad piece leaves out untouched. The bounds are read back once, for all pieces.
+// one scatter_ per piece, after every piece is checked as the CPU kernel checks it (zen::check_pieces, then
+// the bounds), so a bad piece leaves out untouched. The bounds are read back once, for all pieces.
 static void scatter_pieces_each(at::Tensor& out, at::TensorList indices, at::TensorList values) {
-  TORCH_CHECK(indices.size() == values.size(), "scatter_pieces_: ", indices.size(), " index pieces but ",
-              values.size(), " value pieces");
-  if (indices.empty()) return;
-  const int64_t width = values[0].dim() == 2 ? values[0].size(1) : 1;
-  TORCH_CHECK(width >= 1, "scatter_pieces_: rows must have at least one value, got ", width);
-  TORCH_CHECK(out.numel() % width == 0, "scatter_pieces_: rows of ", width, " values do not tile an output of ",
-              out.numel());
+  const int64_t blocks = zen::check_pieces(out, indices, values);
   std::vector<at::Tensor> bounds;
   for (size_t p = 0; p < indices.size(); ++p) {
-    TORCH_CHECK(indices[p].dim() == 1 && values[p].dim() >= 1 && values[p].size(0) == indices[p].numel(),
-                "scatter_pieces_: piece ", p, " has ", indices[p].numel(), " indices for ", values[p].size(0),
-                " values");
-    TORCH_CHECK((values[p].dim() == 2 ? values[p].size(1) : 1) == width && values[p].dim() == values[0].dim(),
-                "scatter_pieces_: every piece's values must have the same row width");
-    TORCH_CHECK(values[p].scalar_type() == out.scalar_type(), "scatter_pieces_: values of dtype ",
-                values[p].scalar_type(), " for an output of ", out.scalar_type());
-    TORCH_CHECK(indices[p].scalar_type() == indices[0].scalar_type(),
-                "scatter_pieces_: every piece's indices must have the same dtype, got ", indices[0].scalar_type(),
-                " and ", indices[p].scalar_type());
     if (indices[p].numel() == 0) continue;
     const auto [lo, hi] = at::aminmax(indices[p]);
     bounds.push_back(at::stack({lo.to(at::kLong), hi.to(at::kLong)}));
@@ -76,7 +62,6 @@ static void scatter_pieces_each(at::Tensor& out, at::TensorList indices, at::Ten
   if (!bounds.empty()) {
     const auto read = at::stack(bounds).cpu();
     const auto rows = read.accessor<int64_t, 2>();
-    const int64_t blocks = out.numel() / width;
     for (int64_t p = 0; p < read.size(0); ++p) {
       TORCH_CHECK(rows[p][0] >= 0 && rows[p][1] < blocks, "scatter index out of range: [", rows[p][0], ", ",
                   rows[p][1], "] for an output of ", blocks, " blocks");

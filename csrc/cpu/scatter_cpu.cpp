@@ -18,14 +18,6 @@ namespace {
 
 constexpr int64_t kBlockBytes = 64 << 10;  // a block of the output stays in a core's L2 while the pieces write
 
-// The number of blocks (rows of the values' width) of out.
-int64_t check_out(const at::Tensor& out, const at::Tensor& values) {
-  check_1d(out, "out");
-  TORCH_CHECK(out.scalar_type() == values.scalar_type(), "out and values must have the same dtype, got ",
-              out.scalar_type(), " and ", values.scalar_type());
-  return num_blocks(out, row_width(values));
-}
-
 // Fails naming the range when an index lies outside [0, numel); whether the indices ascend strictly.
 template <typename index_t>
 bool check_range(const index_t* idx, int64_t count, int64_t numel) {
@@ -68,19 +60,9 @@ void scatter_cpu(at::Tensor& out, const at::Tensor& indices, const at::Tensor& v
 }
 
 void scatter_pieces_cpu(at::Tensor& out, at::TensorList indices, at::TensorList values) {
-  TORCH_CHECK(indices.size() == values.size(), "scatter_pieces_: ", indices.size(), " index pieces but ",
-              values.size(), " value pieces");
+  const int64_t numel = check_pieces(out, indices, values);
   if (indices.empty()) return;
-  const int64_t numel = check_out(out, values[0]), width = row_width(values[0]);
-  for (size_t p = 0; p < indices.size(); ++p) {
-    check_pair(indices[p], values[p]);
-    check_out(out, values[p]);
-    TORCH_CHECK(row_width(values[p]) == width && values[p].dim() == values[0].dim(),
-                "scatter_pieces_: every piece's values must have the same row width");
-    TORCH_CHECK(indices[p].scalar_type() == indices[0].scalar_type(),
-                "scatter_pieces_: every piece's indices must have the same dtype, got ", indices[0].scalar_type(),
-                " and ", indices[p].scalar_type());
-  }
+  const int64_t width = row_width(values[0]);
   const int64_t pieces = indices.size();
   AT_DISPATCH_INDEX_TYPES(indices[0].scalar_type(), "zen_scatter_pieces", [&] {
     std::vector<const index_t*> idx(pieces);

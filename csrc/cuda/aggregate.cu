@@ -6,8 +6,9 @@
 // Summation order: a run holds its values in input order (the sort is stable), and one thread adds them
 // left to right in the CPU kernel's accumulator type (float for half/bfloat16/float, double for double,
 // the integer type itself, wrapping, for integers). The result is deterministic and equals the CPU op's
-// bit for bit, but for NaN: a NaN sum is NaN on both, its sign and payload may differ. A run as long as the input (one index repeated everywhere) is summed
-// by one thread: correct, slow; in zen a run is at most one element per peer.
+// bit for bit, but for NaN: a NaN sum is NaN on both, its sign and payload may differ. A run as long as the
+// input (one index repeated everywhere) is summed by one thread: correct, slow; in zen a run is at most one
+// element per peer.
 //
 // Rows of width values (width != 1): the sort carries input positions instead of values (a row is too wide
 // to move through the sort), the compaction records where each run starts, and one thread per element of

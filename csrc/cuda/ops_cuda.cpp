@@ -304,10 +304,7 @@ at::Tensor bitmap_decode_cuda(const at::Tensor& bitmap, const at::Tensor& index_
 
 void scatter_cuda(at::Tensor& out, const at::Tensor& indices, const at::Tensor& values) {
   check_pair(indices, values);
-  check_1d(out, "out");
-  TORCH_CHECK(out.scalar_type() == values.scalar_type(), "out and values must have the same dtype, got ",
-              out.scalar_type(), " and ", values.scalar_type());
-  const int64_t width = row_width(values), blocks = num_blocks(out, width);  // out as rows of the values' width
+  const int64_t width = row_width(values), blocks = check_out(out, values);
   check_cuda(out, "out");
   check_same_device(out, "out", indices, "indices");
   const auto kind = value_kind(values.scalar_type(), "values");

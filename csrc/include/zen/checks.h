@@ -37,6 +37,35 @@ inline int64_t num_blocks(const at::Tensor& dense, int64_t block_size) {
   return dense.numel() / block_size;
 }
 
+// The output of a scatter of `values`: 1-D, of the values' dtype, tiled by rows of their width. Returns its
+// number of rows.
+inline int64_t check_out(const at::Tensor& out, const at::Tensor& values) {
+  check_1d(out, "out");
+  TORCH_CHECK(out.scalar_type() == values.scalar_type(), "out and values must have the same dtype, got ",
+              out.scalar_type(), " and ", values.scalar_type());
+  return num_blocks(out, row_width(values));
+}
+
+// scatter_pieces_'s arguments, every piece checked before anything is written: as many index pieces as value
+// pieces, each a pair (check_pair) for out (check_out), all of one row width and one index dtype. Returns
+// out's number of rows (0 where there are no pieces).
+inline int64_t check_pieces(const at::Tensor& out, at::TensorList indices, at::TensorList values) {
+  TORCH_CHECK(indices.size() == values.size(), "scatter_pieces_: ", indices.size(), " index pieces but ",
+              values.size(), " value pieces");
+  if (indices.empty()) return 0;
+  const int64_t rows = check_out(out, values[0]), width = row_width(values[0]);
+  for (size_t p = 0; p < indices.size(); ++p) {
+    check_pair(indices[p], values[p]);
+    check_out(out, values[p]);
+    TORCH_CHECK(row_width(values[p]) == width && values[p].dim() == values[0].dim(),
+                "scatter_pieces_: every piece's values must have the same row width");
+    TORCH_CHECK(indices[p].scalar_type() == indices[0].scalar_type(),
+                "scatter_pieces_: every piece's indices must have the same dtype, got ", indices[0].scalar_type(),
+                " and ", indices[p].scalar_type());
+  }
+  return rows;
+}
+
 inline void check_partitions(int64_t n) {
   TORCH_CHECK(n >= 1 && n <= (1 << 20), "num_partitions must be in [1, 2^20], got ", n);
 }
