@@ -27,9 +27,9 @@ WIRE_ONLY = Profile(bandwidth=B, latency=0.0, **NO_LOCAL)
 
 
 def agree_bytes(n, ints):
-    """The agreement all-gather's wire time: (n-1) * 8 bytes per int of its row (11 header fields, the count of
+    """The agreement all-gather's wire time: (n-1) * 8 bytes per int of its row (13 header fields, the count of
     the extra ints, and max(extra, n + 8) slots)."""
-    return (n - 1) * 8 * (11 + 1 + max(ints, n + 8)) / B
+    return (n - 1) * 8 * (13 + 1 + max(ints, n + 8)) / B
 
 
 def uniform(numel, n, nnz, gamma, **kw):
@@ -152,15 +152,16 @@ def test_profile_travels_whole_between_ranks():
 
 @pytest.mark.parametrize("gamma", [1.0, 3.5, 8.0])
 def test_zen_is_equation_1(gamma):
-    """(n-1)/n (k + gamma k) (s_i + s_v) / b with COO pulls, the pull padded to its slot: the union (in steady
-    state the previous call's, U_j = k gamma / n) plus 2% and 2 standard deviations, at most the k pairs
-    received; a 16-byte header. The agreement carries n counts, gamma and n union fractions."""
+    """(n-1)/n (k + gamma k) (s_i + s_v) / b with COO pulls, each piece padded to its slot: 2% and 2 standard
+    deviations over what is expected in steady state (the push: the k / n pairs sent to each owner; the pull:
+    the union U_j = k gamma / n, at most the k pairs received) and a 16-byte header in the pull. The agreement
+    carries n counts, gamma and n union fractions, and the push's slots."""
     n, k, numel = 8, 10_000, 10**8
     w = uniform(numel, n, k, gamma)
     expected = (n - 1) / n * (k + gamma * k) * 8 / B
     union_j = k * gamma / n
     slot = 16 + 8 * min(k, math.ceil(1.02 * union_j + 2 * math.sqrt(union_j) + 4))
-    push = (n - 1) / n * k * 8 / B
+    push = (n - 1) * 8 * math.ceil(1.02 * k / n + 2 * math.sqrt(k / n) + 4) / B
     assert BalancedParallelism.time(w, WIRE_ONLY) == pytest.approx(
         push + (n - 1) * slot / B + agree_bytes(n, 2 * n + 1), rel=1e-9)
     assert cost.balanced_bytes(numel, k / numel, n, gamma, 1.0, 4, 4) / B == pytest.approx(expected, rel=1e-9)
@@ -172,7 +173,7 @@ def test_zen_pull_switches_to_the_bitmap_and_scales_with_imbalance():
     w = estimate_workload(numel, n, k, 4.0, hash_imbalance=1.0)
     union = w.union
     pull = (n - 1) / n * (union * 4 + numel / 8)
-    push = (n - 1) / n * k * 8
+    push = (n - 1) * 8 * math.ceil(1.02 * k / n + 2 * math.sqrt(k / n) + 4)  # k / n pairs per slot, padded
     # gamma = n: the union is the bound, so its slot has no padding, only the 16-byte header
     assert BalancedParallelism.time(w, WIRE_ONLY) == pytest.approx(
         (push + pull) / B + agree_bytes(n, 2 * n + 1) + (n - 1) * 16 / B, rel=1e-9)

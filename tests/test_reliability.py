@@ -89,6 +89,19 @@ def _bad_input_cases(rank, world):
             return super().reduce_dense(call, flat)
 
     run("fails_before_exchange", lambda: x.clone(), FailsBeforeExchange())
+
+    # With a plan in place (x and y reduced in turn: each zen call's pieces ride in its agreement's slots, sized
+    # from the same call last time), a call that breaks the sequence: the exchange's sizes come from the plan,
+    # alike on every rank, so a mismatch or a failure on one rank still raises alike.
+    y = tensor_for(rank, 900, seed=1)
+
+    def planned(make_tensor, scheme="zen"):
+        exact = [check(t.clone()) for t in (x, y, x, y, x)]
+        return exact, outcome(lambda: zen.all_reduce(make_tensor(), scheme=scheme))
+
+    out["planned_numel_differs"] = planned(lambda: tensor_for(rank, 900 + (rank == 1)))
+    out["planned_scheme_differs"] = planned(lambda: y.clone(), "agsparse" if rank == 2 else "zen")
+    out["planned_fails_before_exchange"] = planned(lambda: y.clone(), FailsBeforeExchange())
     run("settings_differ", lambda: x.clone(),
         BalancedParallelism(dense_switch=True, dense_threshold=0.5 if rank == 0 else None))
     for scheme in zen.SCHEMES:  # every scheme's agreement: a one-rank mismatch and a one-rank bad dtype
@@ -325,6 +338,18 @@ def test_bad_device_layout_or_argument_raises_on_every_rank(three_ranks):
 def test_failure_before_the_exchange_raises_on_every_rank(three_ranks):
     agreed_error(by_case(three_ranks, "fails_before_exchange"), "rank 1", "failed before the exchange",
                  "RuntimeError: injected failure before the exchange")
+
+
+def test_calls_that_break_a_planned_sequence_raise_on_every_rank(three_ranks):
+    """zen's push rides in its agreement, in slots planned from the previous calls: a call that differs across
+    ranks, or fails on one, after a sequence that planned them, raises alike (and the calls before are exact)."""
+    cases = {"planned_numel_differs": ("numel is 900 on ranks [0, 2]; 901 on ranks [1]",),
+             "planned_scheme_differs": ("scheme is 'zen' on ranks [0, 1]; 'agsparse' on ranks [2]",),
+             "planned_fails_before_exchange": ("rank 1", "RuntimeError: injected failure before the exchange")}
+    for name, fragments in cases.items():
+        outcomes = by_case(three_ranks, name)
+        assert all(exact == [True] * 5 for exact, _ in outcomes), outcomes
+        agreed_error([result for _, result in outcomes], *fragments)
 
 
 def test_scheme_settings_that_differ_raise_on_every_rank(three_ranks):

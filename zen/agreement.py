@@ -15,13 +15,27 @@ the same rows, so every rank makes the same decision:
 The group stays usable after a :class:`MismatchError`. The row's length never depends on the scheme or
 on the problem (the scheme's numbers are padded to ``world + SLACK`` slots; a rank with a problem sends its
 message as text in those slots), so a bad call on one rank cannot desynchronise the all-gather itself.
+
+A scheme that pushes pieces to their owners right after the agreement (zen) may send their first bytes in
+the agreement's own messages (:func:`agree_and_push`), so that the call spends no round on the agreement
+alone. The message from rank p to rank j is then the row and a slot of S[p][j] bytes (wire PLANNED). Both
+ends must know S before anything is exchanged, also when the ranks' calls differ, so S never depends on the
+call's arguments: it is the plan that the scheme filed (:func:`file_plan`) on the call that followed the
+same agreement last time, looked up by the code of the previous agreement's headers, which every rank saw
+alike. A repeated sequence of calls (a training step's buckets) thus sends each call's pieces in slots
+sized from its own last counts; a call that breaks the sequence pays its predecessor's slots in padding,
+and a rank that reports a problem sends its row in the same slots.
 """
 import enum
+import weakref
 import zlib
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from . import wire
 
 # Codes carried by the header; the order of these lists is part of zen's protocol.
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
@@ -35,7 +49,7 @@ LAYOUTS = {0: "strided", 1: "sparse_coo"}
 BACKEND_DEVICES = {"gloo": {"cpu"}, "nccl": {"cuda"}, "mpi": {"cpu", "cuda"}}
 
 HEADER_FIELDS = ["numel", "dtype", "shape", "scheme", "layout", "sparse_dim", "device", "settings", "block_size",
-                 "hierarchy", "problem"]
+                 "hierarchy", "value_dtype", "keep", "problem"]
 # The hierarchy settings of a call (zen.hierarchy); the header carries the setting and local_size.
 HIERARCHIES = ("auto", "flat", "node")
 # Slots after header + [len(extra)] beyond one per rank: a rank's problem message has room even at n = 1.
@@ -143,7 +157,8 @@ def _block_size_problem(tensor: torch.Tensor, block_size) -> str:
 
 
 def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend: str, allowed: Sequence[str] = (),
-                 block_size=None, hierarchy: Optional[tuple] = None) -> Tuple[List[int], str]:
+                 block_size=None, hierarchy: Optional[tuple] = None, value_dtype: Optional[torch.dtype] = None,
+                 keep: Optional[int] = None) -> Tuple[List[int], str]:
     """The header of a call and, when this rank cannot take part, the reason (the header's ``problem``
     field is then non-zero): every rank learns it in the agreement and raises alike.
 
@@ -152,7 +167,8 @@ def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend
     which every rank must share; ``block_size``: the entries' size asked for (None: chosen per call), which
     must divide the tensor and be the same on every rank; ``hierarchy``: (setting, local_size) of a call of
     :mod:`zen.hierarchy`, alike on every rank (a rank that runs flat and one that looks for the nodes first
-    meet in the same agreement, where the field tells them apart)."""
+    meet in the same agreement, where the field tells them apart); ``value_dtype`` (the dtype values travel
+    in, None: the tensor's) and ``keep`` (global top-k, None: every entry), which size the messages."""
     is_tensor = isinstance(tensor, torch.Tensor)
     device = tensor.device.type if is_tensor else "cpu"
     dtype = tensor.dtype if is_tensor else torch.float32
@@ -167,6 +183,8 @@ def inspect_call(tensor, scheme_name: str, known_scheme: bool, settings, backend
         text_code(settings) if settings is not None else 0,
         block_size_code(block_size),
         hierarchy_code(hierarchy),
+        0 if value_dtype is None else 1 + _code(value_dtype, ALL_DTYPES),
+        0 if keep is None else int(keep),
         Problem.NONE,
     ]
     problem, detail = Problem.NONE, ""
@@ -229,6 +247,10 @@ def describe(field: str, value: int) -> str:
         return f"{field}#{value:08x}"
     if field == "block_size":
         return "None (chosen per call)" if value == 0 else str(value)
+    if field == "value_dtype":
+        return "None (the tensor's)" if value == 0 else describe("dtype", value - 1)
+    if field == "keep":
+        return "None (every entry)" if value == 0 else str(value)
     if field == "hierarchy":
         if value == 0:
             return "none"
@@ -241,6 +263,57 @@ def _shape_text(shape) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
+@dataclass
+class _Plans:
+    """A group's plans of the first exchange: ``slots[code]`` is S (bytes, S[p][j] from rank p to rank j) of
+    the call that last followed the agreement of headers ``code``; ``last``, the code of the previous
+    agreement; ``source``, the code the current call's plan is filed under."""
+
+    last: int = 0
+    source: int = 0
+    slots: OrderedDict = field(default_factory=OrderedDict)
+
+
+_PLANS_KEPT = 64
+_plans = weakref.WeakKeyDictionary()  # Comm -> _Plans
+
+
+def _exchange_rows(comm, row: List[int], pieces=None):
+    """Every rank's ``row`` (a CPU tensor [world, len]) and, from each rank q, the first S[q][me] bytes of its
+    piece for this rank (``pieces``: this rank's piece for each rank, byte tensors; None: none, its slots go
+    as zeros), with S the plan that follows the previous agreement (all zeros where none: a plain all-gather).
+    Returns (rows, firsts, S)."""
+    plans = _plans.setdefault(comm, _Plans())
+    n, me = comm.world, comm.rank
+    slots = plans.slots.get(plans.last) or [[0] * n for _ in range(n)]
+    if not any(map(any, slots)):
+        rows = comm.all_gather_rows(row)
+        firsts = [torch.empty(0, dtype=torch.uint8, device=comm.device)] * n
+    else:
+        mine = torch.tensor(row, dtype=torch.int64, device=comm.device)
+        send, send_splits = wire.pack_planned(mine, pieces, slots[me])
+        recv_splits = [wire.planned_bytes(mine, slots[q][me]) for q in range(n)]
+        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=comm.device)
+        largest = max(wire.planned_bytes(mine, slots[p][j]) for p in range(n) for j in range(n) if p != j)
+        comm.all_to_all(recv, send, recv_splits, send_splits, largest)
+        parts = [wire.unpack_planned(part, len(row)) for part in wire.split(recv, recv_splits)]
+        rows, firsts = torch.stack([r for r, _ in parts]).cpu(), [first for _, first in parts]
+    plans.source, plans.last = plans.last, zlib.crc32(rows[:, :len(HEADER_FIELDS)].numpy().tobytes())
+    plans.slots.pop(plans.source, None)  # refiled by the scheme (file_plan) where it pushed
+    return rows, firsts, slots
+
+
+def file_plan(comm, slots: List[List[int]]) -> None:
+    """File S (bytes, multiples of 8, S[p][j] from rank p to rank j) as the slots of the call that will
+    follow this call's agreement next time. Call alike on every rank (from what the agreement gathered),
+    once per agreement."""
+    plans = _plans.setdefault(comm, _Plans())
+    plans.slots[plans.source] = [list(map(int, row)) for row in slots]
+    plans.slots.move_to_end(plans.source)
+    while len(plans.slots) > _PLANS_KEPT:
+        plans.slots.popitem(last=False)
+
+
 def agree(comm, header: List[int], extra: List[int], detail: str = "", shape=None, scheme_name: str = ""):
     """All-gather ``header + extra`` of every rank over ``comm`` (a :class:`zen.transport.Comm`); raise the
     same error on every rank if the headers disagree or any rank reported a problem (``detail``: its
@@ -249,11 +322,19 @@ def agree(comm, header: List[int], extra: List[int], detail: str = "", shape=Non
     The row has the same length on every rank (:func:`row_ints`; a longer ``extra`` takes a second
     all-gather, decided from the gathered lengths, so alike on all ranks). Where the shapes or the schemes
     differ, every rank takes one more exchange of ``shape`` and ``scheme_name`` as text to name them."""
+    return agree_and_push(comm, header, extra, None, detail, shape, scheme_name)[0]
+
+
+def agree_and_push(comm, header: List[int], extra: List[int], pieces, detail: str = "", shape=None,
+                   scheme_name: str = ""):
+    """:func:`agree`, with the first bytes of this rank's ``pieces`` (one byte tensor per rank, or None) in the
+    planned slots of its messages (see the module docstring). Returns (extra columns, firsts, S): firsts[q],
+    the first S[q][me] bytes of rank q's piece for this rank (zero-padded where the piece is shorter)."""
     extra = [int(v) for v in extra]
     capacity = comm.world + SLACK
     slots = encode_text(detail, capacity) if detail else extra[:capacity] + [0] * max(0, capacity - len(extra))
     comm.agreements += 1
-    rows = comm.all_gather_rows(list(header) + [len(extra)] + slots)
+    rows, firsts, planned = _exchange_rows(comm, list(header) + [len(extra)] + slots, pieces)
     width = len(header)
     headers = rows[:, :width].tolist()
     details = [decode_text(rows[r, width + 1:].tolist()) if headers[r][_PROBLEM] else "" for r in range(comm.world)]
@@ -273,7 +354,7 @@ def agree(comm, header: List[int], extra: List[int], detail: str = "", shape=Non
     out = rows[:, width + 1:width + 1 + min(lengths[0], capacity)]
     if lengths[0] > capacity:
         out = torch.cat([out, comm.all_gather_rows(extra[capacity:])], dim=1)
-    return out
+    return out, firsts, planned
 
 
 def report(comm, header: List[int], detail: str, cause: Optional[BaseException] = None, shape=None,

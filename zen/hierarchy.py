@@ -121,7 +121,8 @@ class Hierarchy:
                 stats["hierarchy"] = "flat"
             return tensor
         topology = self.topology(comm, local_size,
-                                 lambda: call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting))
+                                 lambda: call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting,
+                                                     value_dtype))
         mode = self._mode(comm, topology, hierarchy)
         key = (comm, topology.nodes, _tensor_key(tensor), block_size)
         trial = None
@@ -204,7 +205,8 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
     intra, cross = node_comms(comm, topology)
     for sub in (intra, cross):
         sub.check_usable()
-    header, detail, shape, name = call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting)
+    header, detail, shape, name = call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting,
+                                              value_dtype)
     node = topology.node_of(comm.rank)
     scan = None
     if not detail and tensor.layout == torch.strided and tensor.numel():

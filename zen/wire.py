@@ -25,6 +25,12 @@ message, zero-padded to exactly ``slot`` when the message is shorter; what excee
 message, whose size the receiver reads from the header in the first:
 
     SLOTTED [ count, format : 16 bytes | piece ... | zeros to slot ]  [ the rest of the piece, if any ]
+
+zen's push rides in the agreement's messages, PLANNED: the agreement row (int64s, ``zen.agreement``) and the
+first bytes of a COO piece, cut at a slot that both ends know from the plan; the receiver learns the piece's
+size from the rows (its count), and what exceeds the slot follows in a second message:
+
+    PLANNED [ agreement row : 8 L bytes | piece ... | zeros to slot ]  [ the rest of the piece, if any ]
 """
 import torch
 
@@ -244,3 +250,40 @@ def unpack_blocks(buf: torch.Tensor, count: int, num_blocks: int, block_size: in
         return torch.zeros(nb, dtype=torch.uint8, device=buf.device), torch.empty(0, block_size, dtype=val_dtype,
                                                                                     device=buf.device)
     return buf[:nb], _section(buf, _padded(nb), count * block_size, val_dtype).view(count, block_size)
+
+
+def planned_bytes(row: torch.Tensor, slot: int) -> int:
+    """Bytes of a PLANNED message of agreement row ``row`` (int64) and a slot of ``slot`` bytes."""
+    return row.numel() * 8 + slot
+
+
+def pack_planned(row: torch.Tensor, pieces, slots) -> tuple:
+    """(buffer, splits): one PLANNED message per rank j, ``row`` (int64) and the first slots[j] bytes of
+    pieces[j] (a byte tensor; ``pieces`` None: zeros), zero-padded to the slot."""
+    splits = [planned_bytes(row, slot) for slot in slots]
+    buf = torch.zeros(sum(splits), dtype=torch.uint8, device=row.device)
+    head = row.numel() * 8
+    for j, message in enumerate(split(buf, splits)):
+        message[:head] = _as_bytes(row)
+        if pieces is not None:
+            fits = min(pieces[j].numel(), slots[j])
+            message[head:head + fits] = pieces[j][:fits]
+    return buf, splits
+
+
+def unpack_planned(message: torch.Tensor, row_ints: int) -> tuple:
+    """(row, first): the agreement row (``row_ints`` int64) and the slot's bytes of a PLANNED message."""
+    head = row_ints * 8
+    if message.numel() < head:
+        raise ValueError(f"zen: truncated planned message: {message.numel()} bytes, the row needs {head}")
+    return message[:head].clone().view(torch.int64), message[head:]
+
+
+def join_planned(first: torch.Tensor, rest: torch.Tensor, piece_bytes: int) -> torch.Tensor:
+    """The piece (``piece_bytes`` bytes) from the slot of a PLANNED message (``first``) and its second part;
+    a view where it fit the slot."""
+    need = max(0, piece_bytes - first.numel())
+    if rest.numel() != need:
+        raise ValueError(f"zen: planned message of a {piece_bytes}-byte piece in a {first.numel()}-byte slot needs "
+                         f"a second part of {need} bytes, got {rest.numel()}")
+    return torch.cat([first, rest]) if need else first[:piece_bytes]

@@ -41,8 +41,15 @@ def alltoall(send: Sequence[float], recv: Sequence[float], largest: float, w: Wo
     backend's own all-to-all's (b_a2a') below it."""
     if w.n <= 1:
         return 0.0
+    return p.fixed("alltoall", w.n) + alltoall_bytes(send, recv, largest, w, p)
+
+
+def alltoall_bytes(send: Sequence[float], recv: Sequence[float], largest: float, w: Workload, p: Profile) -> float:
+    """max_r max(S_r, R_r) / b: :func:`alltoall` without its fixed cost (bytes that ride in another exchange)."""
+    if w.n <= 1:
+        return 0.0
     rate = p.rate("alltoall" if duplex_all_to_all(w.n, largest) else "alltoall_small")
-    return p.fixed("alltoall", w.n) + max(max(s, r) for s, r in zip(send, recv)) / rate
+    return max(max(s, r) for s, r in zip(send, recv)) / rate
 
 
 def allgather(ints: int, w: Workload, p: Profile) -> float:

@@ -4,12 +4,15 @@ Every rank is the server of one partition of the index space, chosen by the leve
 
 1. partition: the local non-zeros are split by h0 (hierarchical hashing, ``ops.partition``);
 2. agree: all ranks exchange the piece sizes (and check they called with the same tensor);
-3. push: all-to-all, piece j to rank j, so equal indices meet on one server;
+3. push: all-to-all, piece j to rank j, so equal indices meet on one server. The pieces' first bytes ride
+   in the agreement's own messages, in slots planned from the same call's counts last time
+   (:func:`zen.agreement.agree_and_push`; wire PLANNED), so a repeated call spends one round on both;
+   what outgrows its slot follows in one more all-to-all;
 4. aggregate: server j sums what it received into U_j, the union of its partition;
 5. pull: every server sends U_j to all, as COO indices or as a hash bitmap over
    I_j = {i : h0(i) = j}, whichever is smaller; every rank writes the union into its output. The pieces go
    in slots that every rank sizes alike from the agreed counts and the previous call's unions
-   (:func:`pull_slot_count`), headed by their count and format (``wire`` SLOTTED): no round is spent on
+   (:func:`slot_count`), headed by their count and format (``wire`` SLOTTED): no round is spent on
    exchanging their sizes, and only a union that outgrows its slot sends a second message.
 
 With n ranks, M elements, density d, union growth gamma = |U| / (M d) and partition imbalance lambda,
@@ -44,20 +47,23 @@ def _pull_piece(count: float, w: Workload) -> float:
     return min(terms.coo(count, w), count * w.value_size + w.numel / w.n / 8.0)
 
 
-def pull_slot_count(bound: int, expected: float) -> int:
-    """Entries that owner j's pull slot holds. |U_j| <= ``bound`` (the pairs it received, R_j, or fewer where
-    global top-k keeps fewer). ``expected``: R_j times the fraction |U_j| / R_j that partition j's union had
-    in the previous call of the shape (the hash is fixed, so a partition keeps its hot indices from call to
-    call); on the first call the fraction is 1 and the slot is the bound. The slot leaves room for 2% and two
-    standard deviations more; a union that outgrows it sends the rest in a second message."""
-    return min(bound, math.ceil(1.02 * expected + 2.0 * math.sqrt(expected) + 4))
+def slot_count(expected: float, bound: float = math.inf) -> int:
+    """Entries that a slot holds where ``expected`` are expected and at most ``bound`` can come: room for 2%
+    and two standard deviations more; what outgrows the slot goes in a second message.
+
+    Push slots (rank p to owner j): expected, the pairs p sent j on the last call of the same sequence
+    (:func:`zen.agreement.file_plan`). Pull slots (owner j to all): |U_j| <= ``bound``, the pairs j received,
+    R_j (or fewer where global top-k keeps fewer); expected, R_j times the fraction |U_j| / R_j that partition
+    j's union had in the previous call of the shape (the hash is fixed, so a partition keeps its hot indices
+    from call to call); on the first call the fraction is 1 and the slot is the bound."""
+    return int(min(bound, math.ceil(1.02 * expected + 2.0 * math.sqrt(expected) + 4)))
 
 
 def _pull_slots(w: Workload):
     """The pull's slot bytes per owner, sized as a call sizes them, in steady state (the previous call's unions
     are this one's)."""
     received = [sum(row[j] for row in w.hash_counts) for j in range(w.n)]
-    return [wire.HEADER_BYTES + _pull_piece(pull_slot_count(r, u), w) for r, u in zip(received, w.hash_union)]
+    return [wire.HEADER_BYTES + _pull_piece(slot_count(u, r), w) for r, u in zip(received, w.hash_union)]
 
 
 class BalancedParallelism(Scheme):
@@ -113,16 +119,21 @@ class BalancedParallelism(Scheme):
         si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
         indices = indices.to(idx_dtype)
 
-        # 1-2. partition, then agree on sizes: counts[p][j] = pairs rank p sends to partition j.
+        # 1-3. partition, then agree on sizes and push: counts[p][j] = pairs rank p sends to partition j. The
+        # pieces' first bytes ride in the agreement's planned slots; what outgrows them follows in one more
+        # all-to-all, sized from the agreed counts.
         probes = self.num_probes if self.num_probes is not None else default_probes(indices.device)
         part_idx, part_val, counts, part_stats = ops.partition(
             indices, values, n, seed, probes, self.table_factor, self.serial_factor)
+        send, send_splits = wire.pack_coo_pieces(part_idx, part_val, counts.tolist())
+        outgoing = wire.split(send, send_splits)
         call.mark("partition")
         # Rank 0's gamma and union fractions (last call of this shape) ride along, so the dense switch and
         # the pull's slots see the same inputs on every rank.
         key = (n, numel, width)
         last = self.history.get(key, (float(n), [1.0] * n))
-        agreed = call.agree(counts.tolist() + [round(x * 1e6) for x in [last[0]] + last[1]])
+        agreed, arrived, planned = call.agree_and_push(
+            counts.tolist() + [round(x * 1e6) for x in [last[0]] + last[1]], outgoing)
         counts, gamma = agreed[:, :n].tolist(), agreed[0, n].item() / 1e6
         fractions = [x / 1e6 for x in agreed[0, n + 1:2 * n + 1].tolist()]
         call.mark("agree")
@@ -131,22 +142,27 @@ class BalancedParallelism(Scheme):
         call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
                           partition_fallback=int(part_stats[2]))
         if self.dense_switch and call.dense_fallback is not None and self._go_dense(nnz, numel, n, si, sv, gamma):
+            call.file_plan([[0] * n for _ in range(n)])
             call.dense_fallback()
             call.stats.update(dense=True, bytes_sent=terms.dense_bytes(numel, n, sv))
             return []
-
-        # 3. push.
-        send, send_splits = wire.pack_coo_pieces(part_idx, part_val, counts[me])
-        recv_counts = [counts[p][me] for p in range(n)]
-        recv_splits = [wire.coo_bytes(c, si, sv) for c in recv_counts]
-        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=send.device)
-        largest = max((counts[p][j] for p in range(n) for j in range(n) if p != j), default=0)
-        comm.all_to_all(recv, send, recv_splits, send_splits, largest=wire.coo_bytes(largest, si, sv))
+        call.file_plan([[0 if p == j else wire.coo_bytes(slot_count(c), si, sv) for j, c in enumerate(row)]
+                        for p, row in enumerate(counts)])
+        sizes = [[wire.coo_bytes(c, si, sv) for c in row] for row in counts]
+        overflow = [[0 if p == j else max(0, sizes[p][j] - planned[p][j]) for j in range(n)] for p in range(n)]
+        send_rest = torch.cat([piece[planned[me][j]:] if overflow[me][j] else piece[:0]
+                               for j, piece in enumerate(outgoing)])
+        recv_rest = torch.empty(sum(overflow[q][me] for q in range(n)), dtype=torch.uint8, device=send.device)
+        largest = max(max(row) for row in overflow)
+        if largest:
+            comm.all_to_all(recv_rest, send_rest, [overflow[q][me] for q in range(n)], overflow[me], largest=largest)
         call.mark("push")
 
         # 4. aggregate my partition.
-        pieces = [wire.unpack_coo(buf, c, idx_dtype, on_wire, width)
-                  for buf, c in zip(wire.split(recv, recv_splits), recv_counts)]
+        recv_counts = [counts[p][me] for p in range(n)]
+        received = [outgoing[me] if q == me else wire.join_planned(first, rest, sizes[q][me]) for q, (first, rest)
+                    in enumerate(zip(arrived, wire.split(recv_rest, [overflow[q][me] for q in range(n)])))]
+        pieces = [wire.unpack_coo(buf, c, idx_dtype, on_wire, width) for buf, c in zip(received, recv_counts)]
         union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]),
                                              torch.cat([p[1] for p in pieces]).to(val_dtype), numel, n, seed, me)
         if call.keep is not None:
@@ -157,7 +173,7 @@ class BalancedParallelism(Scheme):
         payload, fmt = self._encode_pull(comm, union_idx, union_val.to(on_wire), numel, si, sv)
         call.mark("encode")
         bounds = loads if call.keep is None else [min(r, math.ceil(call.keep / n)) for r in loads]
-        slots = [wire.HEADER_BYTES + self._pull_bytes(comm, pull_slot_count(b, f * r), j, numel, si, sv,
+        slots = [wire.HEADER_BYTES + self._pull_bytes(comm, slot_count(f * r, b), j, numel, si, sv,
                                                       union_idx.device)
                  for j, (b, f, r) in enumerate(zip(bounds, fractions, loads))]
         first, rest = wire.pack_slotted(union_idx.numel(), fmt, payload, slots[me])
@@ -180,7 +196,9 @@ class BalancedParallelism(Scheme):
             self.history[key] = (union / mean_nnz, [c / r if r else 1.0 for (c, _), r in zip(headers, loads)])
         call.stats.update(union=union, gamma=union / mean_nnz if mean_nnz else 0.0, pull_format=fmt,
                           pull_overflow=sum(1 for x in rest_splits if x),
-                          bytes_sent=send.numel() - send_splits[me] + (n - 1) * (slots[me] + rest.numel()))
+                          push_overflow=sum(1 for row in overflow for x in row if x),
+                          push_padding=sum(max(0, slot - size) for slot, size in zip(planned[me], sizes[me])),
+                          bytes_sent=sum(planned[me]) + sum(overflow[me]) + (n - 1) * (slots[me] + rest.numel()))
         out = []
         for j, ((count, fmt_j), first_j, rest_j) in enumerate(zip(headers, firsts, rests)):
             buf = wire.join_slotted(first_j, rest_j, piece_bytes[j])
@@ -247,22 +265,28 @@ class BalancedParallelism(Scheme):
     @staticmethod
     def phases(w: Workload, p: Profile) -> Dict[str, float]:
         """Balanced Parallelism, phase by phase (the phases a call records in ``stats["phases"]``): scan;
-        hash partition (e k_r); agreement (n counts, gamma and n union fractions); push: packing and the all-to-all (rank r sends its pieces
-        for the other partitions, receives theirs for its own); aggregate (m per received pair); encode
-        (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the all-to-all of the repeated slots
-        (:func:`pull_slot_count`; pieces COO or hash bitmap, whichever smaller), and one of what outgrows them; decode (x_d |U_j| + |I_j| / 8 / mu
-        per bitmap piece, plus the lines of I_j read, :func:`lines_bytes`, at mu); scatter: the write-back of U."""
+        hash partition (e k_r) and packing; agreement (n counts, gamma and n union fractions) with the
+        push's pieces in its slots (rank r sends its pieces for the other partitions, receives theirs for
+        its own); push: what outgrows the slots (nothing, in steady state); aggregate (m per received pair);
+        encode (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the all-to-all of the repeated
+        slots (:func:`slot_count`; pieces COO or hash bitmap, whichever smaller), and one of what outgrows
+        them; decode (x_d |U_j| + |I_j| / 8 / mu per bitmap piece, plus the lines of I_j read,
+        :func:`lines_bytes`, at mu); scatter: the write-back of U."""
         n, c = w.n, w.hash_counts
-        phases = dict(scan=terms.scan(w, p), partition=max(w.nnz) * p.element_time + terms.rows_moved(max(w.nnz), w, p),
-                      agree=terms.agree(2 * n + 1, w, p))
+        packing = max(terms.coo(x, w) for x in w.nnz) / p.memory_bandwidth
+        phases = dict(scan=terms.scan(w, p), partition=max(w.nnz) * p.element_time + terms.rows_moved(max(w.nnz), w, p)
+                      + packing, agree=terms.agree(2 * n + 1, w, p))
         if n <= 1:
             return dict(phases, scatter=terms.write_back(w.union, w, p))
-        send = [sum(terms.coo(c[r][j], w) for j in range(n) if j != r) for r in range(n)]
-        recv = [sum(terms.coo(c[q][r], w) for q in range(n) if q != r) for r in range(n)]
+        # In steady state the pieces ride in the agreement's slots (the last call's counts are this one's),
+        # sized by slot_count; nothing outgrows them, and the push is the agreement's extra bytes.
+        slots = [[0.0 if j == r else terms.coo(slot_count(c[r][j]), w) for j in range(n)] for r in range(n)]
+        send = [sum(row) for row in slots]
+        recv = [sum(slots[q][r] for q in range(n)) for r in range(n)]
+        largest = max(slots[r][j] for r in range(n) for j in range(n) if j != r)
+        phases["agree"] += terms.alltoall_bytes(send, recv, largest, w, p)
+        phases["push"] = 0.0
         received = [sum(c[q][r] for q in range(n)) for r in range(n)]
-        largest = max(terms.coo(c[r][j], w) for r in range(n) for j in range(n) if j != r)
-        packing = max(terms.coo(x, w) for x in w.nnz) / p.memory_bandwidth
-        phases["push"] = packing + terms.alltoall(send, recv, largest, w, p)
         phases["aggregate"] = max(received) * p.merge_time + terms.rows_moved(max(received), w, p)
         pieces = [_pull_piece(u, w) for u in w.hash_union]
         bitmap = [x < terms.coo(u, w) for x, u in zip(pieces, w.hash_union)]
@@ -283,7 +307,7 @@ class BalancedParallelism(Scheme):
         """Local COO and its partitioned copy (k_r pairs each), the hash tables (2 k_r slots of int64 plus a
         tenth for the serial memory, order and partition ids: ~30 bytes per pair), the push buffers (send k_r,
         receive and concatenate R_j pairs), the aggregate's scratch, the union U_j, the pull piece and
-        its slot (n + 1 copies of the slot: :func:`pull_slot_count`), the pulled slots, the pulled union U, and the cached index sets I_j (M indices) when the bitmap is used."""
+        its slot (n + 1 copies of the slot: :func:`slot_count`), the pulled slots, the pulled union U, and the cached index sets I_j (M indices) when the bitmap is used."""
         n, c = w.n, w.hash_counts
         worst = 0.0
         pieces = [_pull_piece(u, w) for u in w.hash_union]

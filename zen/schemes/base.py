@@ -42,6 +42,7 @@ class Call:
     dense_fallback: Optional[Callable[[], None]] = None
     stats: dict = field(default_factory=dict)
     agreed: bool = False
+    plan_open: bool = False
     choice_counts: Optional[List[int]] = None
     on_choice: Optional[Callable[[List[int]], None]] = None
     keep: Optional[int] = None
@@ -52,15 +53,32 @@ class Call:
         """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank. Where
         the caller chooses the block size, its ``choice_counts`` ride in front and ``on_choice`` gets their
         sums over the ranks (and may raise, alike on every rank). Once agreed, a plain all-gather."""
+        return self.agree_and_push(extra, None)[0]
+
+    def agree_and_push(self, extra: List[int], pieces) -> Tuple[Tensor, List[Tensor], List[List[int]]]:
+        """:meth:`agree`, with the first bytes of ``pieces`` (this rank's byte piece for each rank) in the
+        agreement's planned slots (:func:`zen.agreement.agree_and_push`). Returns (extra columns, firsts, S):
+        firsts[q], the first S[q][me] bytes of rank q's piece for this rank; once agreed, S is all zeros
+        (nothing rode along). The scheme files the next call's plan with :meth:`file_plan`."""
+        n = self.comm.world
         if self.agreed:
-            return self.comm.all_gather_rows(extra)
-        self.agreed = True
+            empty = torch.empty(0, dtype=torch.uint8, device=self.comm.device)
+            return self.comm.all_gather_rows(extra), [empty] * n, [[0] * n for _ in range(n)]
+        self.agreed = self.plan_open = True
         counts, self.choice_counts = self.choice_counts or [], None
-        rows = agreement.agree(self.comm, self.header, counts + list(extra), shape=self.shape,
-                               scheme_name=self.scheme_name)
+        rows, firsts, slots = agreement.agree_and_push(self.comm, self.header, counts + list(extra), pieces,
+                                                       shape=self.shape, scheme_name=self.scheme_name)
         if counts:
             self.on_choice(rows[:, :len(counts)].sum(dim=0).tolist())
-        return rows[:, len(counts):]
+        return rows[:, len(counts):], firsts, slots
+
+    def file_plan(self, slots: List[List[int]]) -> None:
+        """The slots (bytes, S[p][j]) that the next call after this call's predecessor will push in
+        (:func:`zen.agreement.file_plan`); the first filing of the call counts (a call that reduces several
+        groups of segments pushes the first group's pieces in the agreement)."""
+        if self.plan_open:
+            self.plan_open = False
+            agreement.file_plan(self.comm, slots)
 
     @property
     def choosing(self) -> bool:

@@ -43,7 +43,7 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     call on the group."""
     comm.check_usable()
     header, detail, shape, scheme_name = call_header(comm, tensor if whole is None else whole, scheme, scheme_name,
-                                                     allowed, block_size, hierarchy)
+                                                     allowed, block_size, hierarchy, value_dtype, keep)
     if detail:
         agreement.report(comm, header, detail, shape=shape, scheme_name=scheme_name)
     if comm.world == 1:
@@ -71,14 +71,15 @@ def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str
     return tensor
 
 
-def call_header(comm: Comm, tensor, scheme, scheme_name, allowed, block_size, hierarchy=None) -> tuple:
+def call_header(comm: Comm, tensor, scheme, scheme_name, allowed, block_size, hierarchy=None, value_dtype=None,
+                keep=None) -> tuple:
     """(header, detail, shape, scheme name) of a call on ``tensor``, as its agreement takes them
     (:func:`zen.agreement.inspect_call`; ``scheme_name`` None: the scheme's own name)."""
     if scheme_name is None:
         scheme_name = getattr(scheme, "name", None)
     settings = scheme.agreement_settings() if scheme is not None else None
     header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend,
-                                            allowed, block_size, hierarchy)
+                                            allowed, block_size, hierarchy, value_dtype, keep)
     shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
     # str after inspect_call, whose detail names a non-string scheme by its repr
     return header, detail, shape, str(scheme_name)
