@@ -4,12 +4,13 @@
     python benchmarks/allreduce.py --world 8 --bandwidth 1gbit        # emulated cluster (root)
     python benchmarks/allreduce.py --workload text --json out.json --plot out.png
 
-Every iteration runs the schemes side by side on the same data, in a new order each time (shuffled by a
-seed that every rank shares: a call right after a heavy one runs ~10% slower, so no scheme may always
-follow the same one), each call timed from the last rank's start to the last rank's end (where ranks share
-a host's clock; else the slowest rank's own time: ``zen.measurement.timing.call_seconds``), and every result is
-compared with torch.distributed.all_reduce of the same data (#wrong counts elements off by more than the dtype's
-tolerance). "auto" is settled first (its measuring and trial calls, untimed; see run_case). One row per
+Every iteration runs the schemes side by side on the same data, in one order (shuffled once by a seed that
+every rank shares), as a training step repeats its buckets' calls in one order: zen plans its push's slots
+from the call that last followed the same call, which a new order every iteration would defeat. A call right
+after a heavy one runs ~10% slower, so which scheme follows which is up to the seed. Each call is timed from
+the last rank's start to the last rank's end (where ranks share a host's clock; else the slowest rank's own
+time: ``zen.measurement.timing.call_seconds``), and every result is compared with torch.distributed.all_reduce
+of the same data (#wrong counts elements off by more than the dtype's tolerance). "auto" is settled first (its measuring and trial calls, untimed; see run_case). One row per
 (size, density, scheme):
 
     time     median (min, max) over iterations of the time of one call, as above
@@ -241,9 +242,10 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     if progress is not None:
         say(f"timing {len(schemes)} schemes: {args.warmup} warm-up rounds, then at least {args.iters}", progress)
     it = 0
+    sequence = list(schemes)
+    random.Random(args.seed).shuffle(sequence)
     while it < args.warmup + max(counts.values()):
-        order = [s for s in schemes if it < args.warmup + counts[s]]
-        random.Random(args.seed * 1000 + it).shuffle(order)
+        order = [s for s in sequence if it < args.warmup + counts[s]]
         y = torch.empty_like(x0)
         time.sleep(timing.QUIET_SECONDS)
         start = time.perf_counter()
