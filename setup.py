@@ -7,6 +7,8 @@ Switches (environment):
   MAX_JOBS            parallel compile jobs (default: sized from cores and free memory)
   ZEN_SANITIZE=1      AddressSanitizer + UndefinedBehaviorSanitizer build (run with LD_PRELOAD of libasan)
   ZEN_DEBUG=1         -O0 -g
+  ZEN_PORTABLE=1      no -mpopcnt (added on x86-64 when the building machine has POPCNT: zen builds from source
+                      where it runs; the kernels fall back to an inline count without it, csrc/include/zen/bits.h)
 """
 import glob
 import os
@@ -35,6 +37,19 @@ def default_max_jobs():
     return str(max(1, min(os.cpu_count() or 1, by_memory)))
 
 
+def cpu_has_popcnt():
+    """Whether this x86-64 machine has POPCNT (every x86-64 CPU since 2008 does); False elsewhere."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64") or flag("ZEN_PORTABLE"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " popcnt" in line for line in f)
+    except OSError:
+        return False
+
+
 def with_cuda():
     if flag("FORCE_ONLY_CPU"):
         return False
@@ -46,12 +61,12 @@ def with_cuda():
 def extension():
     os.environ.setdefault("MAX_JOBS", default_max_jobs())
     sources = [os.path.join("csrc", "ops.cpp")] + sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
-    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    cxx = ["-O3", "-std=c++17", "-fopenmp"] + (["-mpopcnt"] if cpu_has_popcnt() else [])
     nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
     link = ["-fopenmp"]
     macros = []
     if flag("ZEN_DEBUG"):
-        cxx = ["-O0", "-g", "-std=c++17", "-fopenmp"]
+        cxx = ["-O0", "-g", "-std=c++17", "-fopenmp"] + (["-mpopcnt"] if cpu_has_popcnt() else [])
     if flag("ZEN_SANITIZE"):
         san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
         cxx += san + ["-g"]

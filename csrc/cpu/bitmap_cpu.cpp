@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "zen/bits.h"
 #include "zen/checks.h"
 #include "zen/hash.h"
 
@@ -121,7 +122,7 @@ at::Tensor bitmap_decode_cpu(const at::Tensor& bitmap, const at::Tensor& index_s
     return x;
   };
   int64_t set_bits = 0;
-  for (int64_t w = 0; w < num_words; ++w) set_bits += __builtin_popcountll(word(w));
+  for (int64_t w = 0; w < num_words; ++w) set_bits += popcount64(word(w));
   if (bits % 8) {
     TORCH_CHECK((in[num_bytes - 1] >> (bits % 8)) == 0, "bitmap has bits set past its index set: corrupt buffer");
   }

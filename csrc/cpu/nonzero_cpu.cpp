@@ -12,6 +12,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "zen/bits.h"
 #include "zen/checks.h"
 #include "zen/zero_test.h"
 
@@ -82,7 +83,7 @@ void extract(const scalar_t* data, int64_t numel, at::Tensor& indices, at::Tenso
       for (int64_t w = 0; w < words; ++w) {
         masks[w] = 64 * (w + 1) <= size ? nonzero_mask64<bits_t, Bits::kMask>(chunk + 64 * w)
                                         : nonzero_mask<bits_t, Bits::kMask>(chunk + 64 * w, size - 64 * w);
-        count += __builtin_popcountll(masks[w]);
+        count += popcount64(masks[w]);
       }
       offset[c + 1] = count;
       if (count == 0) continue;
