@@ -30,8 +30,8 @@ def build_parser():
     p.add_argument("--vocab", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--tokens", type=int, default=1024, help="tokens per rank per step (Zipf 1.1 over the vocab)")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--json", default=None)
     return p
 

@@ -102,6 +102,11 @@ def _bad_input_cases(rank, world):
     out["planned_numel_differs"] = planned(lambda: tensor_for(rank, 900 + (rank == 1)))
     out["planned_scheme_differs"] = planned(lambda: y.clone(), "agsparse" if rank == 2 else "zen")
     out["planned_fails_before_exchange"] = planned(lambda: y.clone(), FailsBeforeExchange())
+    # The same where the plan's slots hold a small tensor whole (zen's dense switch sums it so).
+    dense_switch, z = BalancedParallelism(dense_switch=True), tensor_for(rank, 300, seed=2, density=0.9)
+    exact = [check(z.clone(), scheme=dense_switch) for _ in range(5)]
+    out["planned_whole_numel_differs"] = exact, outcome(
+        lambda: zen.all_reduce(tensor_for(rank, 300 + (rank == 1), seed=2, density=0.9), scheme=dense_switch))
     run("settings_differ", lambda: x.clone(),
         BalancedParallelism(dense_switch=True, dense_threshold=0.5 if rank == 0 else None))
     for scheme in zen.SCHEMES:  # every scheme's agreement: a one-rank mismatch and a one-rank bad dtype
@@ -345,7 +350,8 @@ def test_calls_that_break_a_planned_sequence_raise_on_every_rank(three_ranks):
     ranks, or fails on one, after a sequence that planned them, raises alike (and the calls before are exact)."""
     cases = {"planned_numel_differs": ("numel is 900 on ranks [0, 2]; 901 on ranks [1]",),
              "planned_scheme_differs": ("scheme is 'zen' on ranks [0, 1]; 'agsparse' on ranks [2]",),
-             "planned_fails_before_exchange": ("rank 1", "RuntimeError: injected failure before the exchange")}
+             "planned_fails_before_exchange": ("rank 1", "RuntimeError: injected failure before the exchange"),
+             "planned_whole_numel_differs": ("numel is 300 on ranks [0, 2]; 301 on ranks [1]",)}
     for name, fragments in cases.items():
         outcomes = by_case(three_ranks, name)
         assert all(exact == [True] * 5 for exact, _ in outcomes), outcomes

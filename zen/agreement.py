@@ -24,7 +24,8 @@ call's arguments: it is the plan that the scheme filed (:func:`file_plan`) on th
 same agreement last time, looked up by the code of the previous agreement's headers, which every rank saw
 alike. A repeated sequence of calls (a training step's buckets) thus sends each call's pieces in slots
 sized from its own last counts; a call that breaks the sequence pays its predecessor's slots in padding,
-and a rank that reports a problem sends its row in the same slots.
+and a rank that reports a problem sends its row in the same slots. A plan may also say that the slots hold
+the tensor whole (a small call that its scheme sums dense: an all-gather that costs no round of its own).
 """
 import enum
 import weakref
@@ -265,9 +266,10 @@ def _shape_text(shape) -> str:
 
 @dataclass
 class _Plans:
-    """A group's plans of the first exchange: ``slots[code]`` is S (bytes, S[p][j] from rank p to rank j) of
-    the call that last followed the agreement of headers ``code``; ``last``, the code of the previous
-    agreement; ``source``, the code the current call's plan is filed under."""
+    """A group's plans of the first exchange: ``slots[code]`` is (S, whole): S (bytes, S[p][j] from rank p to
+    rank j) of the call that last followed the agreement of headers ``code``, and whether its slots held the
+    tensor whole; ``last``, the code of the previous agreement; ``source``, the code the current call's plan
+    is filed under."""
 
     last: int = 0
     source: int = 0
@@ -285,7 +287,7 @@ def _exchange_rows(comm, row: List[int], pieces=None):
     Returns (rows, firsts, S)."""
     plans = _plans.setdefault(comm, _Plans())
     n, me = comm.world, comm.rank
-    slots = plans.slots.get(plans.last) or [[0] * n for _ in range(n)]
+    slots = planned(comm)[0]
     if not any(map(any, slots)):
         rows = comm.all_gather_rows(row)
         firsts = [torch.empty(0, dtype=torch.uint8, device=comm.device)] * n
@@ -303,12 +305,20 @@ def _exchange_rows(comm, row: List[int], pieces=None):
     return rows, firsts, slots
 
 
-def file_plan(comm, slots: List[List[int]]) -> None:
-    """File S (bytes, multiples of 8, S[p][j] from rank p to rank j) as the slots of the call that will
-    follow this call's agreement next time. Call alike on every rank (from what the agreement gathered),
-    once per agreement."""
+def planned(comm) -> Tuple[List[List[int]], bool]:
+    """(S, whole): the plan the group's next agreement will use (all zeros where there is none), the same on
+    every rank; ``whole``: its slots are to hold the tensor whole."""
     plans = _plans.setdefault(comm, _Plans())
-    plans.slots[plans.source] = [list(map(int, row)) for row in slots]
+    n = comm.world
+    return plans.slots.get(plans.last) or ([[0] * n for _ in range(n)], False)
+
+
+def file_plan(comm, slots: List[List[int]], whole: bool = False) -> None:
+    """File S (bytes, multiples of 8, S[p][j] from rank p to rank j) as the slots of the call that will
+    follow this call's agreement next time (``whole``: they are to hold the tensor whole). Call alike on
+    every rank (from what the agreement gathered), once per agreement."""
+    plans = _plans.setdefault(comm, _Plans())
+    plans.slots[plans.source] = ([list(map(int, row)) for row in slots], whole)
     plans.slots.move_to_end(plans.source)
     while len(plans.slots) > _PLANS_KEPT:
         plans.slots.popitem(last=False)

@@ -22,12 +22,22 @@ Tensor = torch.Tensor
 
 
 @dataclass
+class DenseData:
+    """A call's data as one dense tensor, where the caller can give it: ``values()``, the data flat (the
+    tensor itself, or its parts joined); ``write(summed)``, the sum back into the data."""
+
+    values: Callable[[], Tensor]
+    write: Callable[[Tensor], None]
+
+
+@dataclass
 class Call:
     """One collective call: the group, the agreement header, what names the call in errors (the tensor's
     shape, the scheme's name), the block size b of its entries, and the statistics the scheme records.
 
-    ``dense_fallback``, where the caller gives one, all-reduces the data in place with the backend's dense
-    all-reduce: a scheme with a dense switch may call it instead of its protocol (then returns no pieces).
+    ``dense``, where the caller gives it (:class:`DenseData`), is the data as one dense tensor: a scheme with
+    a dense switch may sum that instead of running its protocol (:meth:`all_reduce_dense`; then it returns no
+    pieces).
 
     ``keep``, where the caller gives it (global top-k), asks a scheme that supports it to keep only about
     that many of the largest sums; the scheme then records the indices kept in ``stats["kept"]``.
@@ -39,7 +49,7 @@ class Call:
     shape: tuple = ()
     scheme_name: str = ""
     block_size: int = 1
-    dense_fallback: Optional[Callable[[], None]] = None
+    dense: Optional[DenseData] = None
     stats: dict = field(default_factory=dict)
     agreed: bool = False
     plan_open: bool = False
@@ -72,13 +82,25 @@ class Call:
             self.on_choice(rows[:, :len(counts)].sum(dim=0).tolist())
         return rows[:, len(counts):], firsts, slots
 
-    def file_plan(self, slots: List[List[int]]) -> None:
+    def all_reduce_dense(self) -> None:
+        """Sum the data dense with the backend's all-reduce (in ``value_dtype`` where given), in place."""
+        values = self.dense.values()
+        self.comm.all_reduce(values, self.value_dtype)
+        self.dense.write(values)
+
+    def planned(self) -> Tuple[List[List[int]], bool]:
+        """(S, whole) of the plan this call's agreement will use (:func:`zen.agreement.planned`); nothing
+        rides along once agreed."""
+        n = self.comm.world
+        return ([[0] * n for _ in range(n)], False) if self.agreed else agreement.planned(self.comm)
+
+    def file_plan(self, slots: List[List[int]], whole: bool = False) -> None:
         """The slots (bytes, S[p][j]) that the next call after this call's predecessor will push in
         (:func:`zen.agreement.file_plan`); the first filing of the call counts (a call that reduces several
         groups of segments pushes the first group's pieces in the agreement)."""
         if self.plan_open:
             self.plan_open = False
-            agreement.file_plan(self.comm, slots)
+            agreement.file_plan(self.comm, slots, whole)
 
     @property
     def choosing(self) -> bool:

@@ -15,7 +15,7 @@ from .. import agreement, ops, wire
 from ..agreement import MismatchError, Problem
 from ..geometry import rows_are_smaller, rows_to_sparse, sparse_rows
 from ..transport import Comm
-from .base import Call
+from .base import Call, DenseData
 
 Segment = Tuple[int, int, int]  # (offset, numel, row size) of a part of a flat tensor
 
@@ -228,16 +228,14 @@ def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None
 
     went_dense = []
 
-    def dense_fallback():
+    def write(summed):
         went_dense.append(True)
-        joined = torch.cat(views)
-        call.comm.all_reduce(joined, call.value_dtype)
-        for view, part in zip(views, joined.split([v.numel() for v in views])):
+        for view, part in zip(views, summed.split([v.numel() for v in views])):
             view.copy_(part)
 
-    call.dense_fallback = dense_fallback
+    call.dense = DenseData(lambda: torch.cat(views), write)
     pieces = scheme.reduce_coo(call, indices, values, bases[-1])
-    call.dense_fallback = None
+    call.dense = None
     if not went_dense:
         # Clear the local entries first: a scheme whose union leaves out entries that summed to zero
         # (OmniReduce's blocks, a densified sum) must not leave this rank's values there.
