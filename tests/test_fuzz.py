@@ -186,6 +186,37 @@ def test_slotted_hostile_parts(first, rest, piece_bytes):
         assert bits_of(got) == (first[16:] + rest)[:piece_bytes]
 
 
+@given(st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=12),
+       st.lists(st.tuples(st.binary(max_size=80), st.integers(0, 12).map(lambda w: 8 * w)), min_size=1, max_size=5))
+def test_planned_round_trip(row, pieces_and_slots):
+    """PLANNED messages: each the row's int64s, then exactly its slot (a piece's first bytes, zeros after a short
+    one); unpacked, the row and the slot come back, and joined with what did not fit, the piece."""
+    pieces = [raw(piece) for piece, _ in pieces_and_slots]
+    slots = [slot for _, slot in pieces_and_slots]
+    mine = torch.tensor(row, dtype=torch.int64)
+    buf, splits = wire.pack_planned(mine, pieces, slots)
+    assert splits == [8 * len(row) + slot for slot in slots] and buf.numel() == sum(splits)
+    for message, (piece, slot) in zip(wire.split(buf, splits), pieces_and_slots):
+        got_row, first = wire.unpack_planned(message, len(row))
+        assert got_row.tolist() == row and first.numel() == slot
+        assert bits_of(first) == piece[:slot] + bytes(max(0, slot - len(piece)))
+        assert bits_of(wire.join_planned(first, raw(piece[slot:]), len(piece))) == piece
+
+
+@given(st.binary(max_size=64), st.binary(max_size=64), st.integers(0, 100), st.integers(0, 8))
+def test_planned_hostile_parts(first, rest, piece_bytes, row_ints):
+    """A message shorter than its row, or a second part of the wrong length, is a clean ValueError."""
+    valid = len(first) >= 8 * row_ints
+    got = judged(valid, lambda: wire.unpack_planned(raw(first), row_ints), ValueError)
+    if not valid:
+        return
+    slot = got[1]
+    valid = len(rest) == max(0, piece_bytes - slot.numel())
+    joined = judged(valid, lambda: wire.join_planned(slot, raw(rest), piece_bytes), ValueError)
+    if valid:
+        assert bits_of(joined) == (first[8 * row_ints:] + rest)[:piece_bytes]
+
+
 # --- wire: unpacking hostile bytes --------------------------------------------------------------------------
 def draw_bytes(data, expected: int) -> bytes:
     """Random bytes of the length the format expects (so that valid pieces come up often), a few bytes off

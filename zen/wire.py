@@ -28,7 +28,8 @@ message, whose size the receiver reads from the header in the first:
 
 zen's push rides in the agreement's messages, PLANNED: the agreement row (int64s, ``zen.agreement``) and the
 first bytes of a COO piece, cut at a slot that both ends know from the plan; the receiver learns the piece's
-size from the rows (its count), and what exceeds the slot follows in a second message:
+size from the rows (its count), and what exceeds the slot follows in a second message. Where the plan says
+so, the slot holds a DENSE piece instead, the tensor whole (a small call that zen sums dense):
 
     PLANNED [ agreement row : 8 L bytes | piece ... | zeros to slot ]  [ the rest of the piece, if any ]
 """
