@@ -114,6 +114,25 @@ def _run_exactness(rank, world):
     return failures, digests
 
 
+def _zen_against_dense(t, scheme):
+    """zen.all_reduce of ``t`` in place, against torch.distributed.all_reduce of a copy: (bit-equal, its stats)."""
+    import torch.distributed as dist
+
+    import zen
+
+    want = t.clone()
+    dist.all_reduce(want)
+    stats = {}
+    zen.all_reduce(t, scheme=scheme, stats=stats)
+    return same(t, want), stats
+
+
+def _integer_sparse(numel, density, generator):
+    """A tensor whose non-zeros (about ``density`` of ``numel``) are small integers: exact in any order of sum."""
+    values = torch.randint(-8, 8, (numel,), generator=generator).float()
+    return torch.where(torch.rand(numel, generator=generator) < density, values, torch.zeros(numel))
+
+
 def _check_pull_slots(rank, world):
     """zen's pull goes in slots sized from the previous call's gamma: a union that outgrows its slot (gamma 1,
     then n) sends the rest in a second message and the sum is still exact; the next such call fits. In COO
@@ -131,11 +150,8 @@ def _check_pull_slots(rank, world):
             owner = torch.arange(numel) % world == (0 if case == "same" else rank)
             chosen = owner & (torch.rand(numel, generator=torch.Generator().manual_seed(len(overflows))) < density)
             t = torch.where(chosen, torch.arange(numel) % 17 - 7.5, torch.zeros(numel))
-            want = t.clone()
-            dist.all_reduce(want)
-            stats = {}
-            zen.all_reduce(t, scheme=scheme, stats=stats)
-            if not same(t, want):
+            exact, stats = _zen_against_dense(t, scheme)
+            if not exact:
                 failures.append(f"pull slots, density {density}, {case} #{len(overflows)}: wrong sum")
             overflows.append(stats.get("pull_overflow"))
         expected = [0, world, 0] if world > 1 else [None] * 3  # (one rank: nothing is pulled)
@@ -160,20 +176,11 @@ def _check_push_slots(rank, world):
     a repeated call, from the same call's counts. The second call of a shape has no plan (everything goes in
     a second all-to-all), the third and fourth fit their slots; a call with more non-zeros outgrows them and
     is still exact, and the next one fits again."""
-    import torch.distributed as dist
-
-    import zen
-
     failures, numel, overflows = [], 30011, []
     for density in (0.05, 0.05, 0.05, 0.05, 0.3, 0.3):
-        g = torch.Generator().manual_seed(int(density * 100) + rank)
-        values = torch.randint(-8, 8, (numel,), generator=g).float()  # exact in any order of summation
-        t = torch.where(torch.rand(numel, generator=g) < density, values, torch.zeros(numel))
-        want = t.clone()
-        dist.all_reduce(want)
-        stats = {}
-        zen.all_reduce(t, scheme="zen", stats=stats)
-        if not same(t, want):
+        t = _integer_sparse(numel, density, torch.Generator().manual_seed(int(density * 100) + rank))
+        exact, stats = _zen_against_dense(t, "zen")
+        if not exact:
             failures.append(f"push slots, call {len(overflows)}: wrong sum")
         overflows.append(stats.get("push_overflow"))
     if world > 1 and not (overflows[1] == world * (world - 1) and overflows[2:4] == [0, 0]
@@ -187,21 +194,13 @@ def _check_whole_in_agreement(rank, world):
     follows the same call (every rank sums the n copies): the third dense call of a tensor goes so and is exact;
     a sparse call of it then sends its pieces in a second all-to-all instead, and the dense one after it goes
     by the all-reduce again (its plan was the pieces')."""
-    import torch.distributed as dist
-
-    import zen
     from zen.schemes.balanced import BalancedParallelism
 
     scheme, failures, seen = BalancedParallelism(dense_switch=True), [], []
     for call, density in enumerate((0.9, 0.9, 0.9, 0.01, 0.9)):
-        g = torch.Generator().manual_seed(100 * call + rank)
-        values = torch.randint(-8, 8, (300,), generator=g).float()
-        t = torch.where(torch.rand(300, generator=g) < density, values, torch.zeros(300))
-        want = t.clone()
-        dist.all_reduce(want)
-        stats = {}
-        zen.all_reduce(t, scheme=scheme, stats=stats)
-        if not same(t, want):
+        t = _integer_sparse(300, density, torch.Generator().manual_seed(100 * call + rank))
+        exact, stats = _zen_against_dense(t, scheme)
+        if not exact:
             failures.append(f"whole in agreement, call {call}: wrong sum")
         seen.append((bool(stats.get("dense")), bool(stats.get("whole_in_agreement"))))
     if world > 1 and seen[1:] != [(True, False), (True, True), (False, False), (True, False)]:

@@ -46,16 +46,17 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2**31 else torch.int64
 
 
-def _padded(nbytes: int) -> int:
+def padded(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole 8-byte words: a section's size on the wire."""
     return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
 def coo_bytes(count: int, index_size: int, value_size: int) -> int:
-    return _padded(count * index_size) + _padded(count * value_size)
+    return padded(count * index_size) + padded(count * value_size)
 
 
 def bitmap_bytes(count: int, set_size: int, value_size: int) -> int:
-    return _padded((set_size + 7) // 8) + _padded(count * value_size)
+    return padded((set_size + 7) // 8) + padded(count * value_size)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -84,7 +85,7 @@ def pack_coo_pieces(indices: torch.Tensor, values: torch.Tensor, counts) -> tupl
     at = start = 0
     for count, size in zip(counts, splits):
         buf[at:at + count * si] = _as_bytes(indices[start:start + count])
-        v_at = at + _padded(count * si)
+        v_at = at + padded(count * si)
         buf[v_at:v_at + count * sv] = _as_bytes(values[start:start + count])
         at += size
         start += count
@@ -97,9 +98,9 @@ def pack_coo(indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 def pack_bitmap(bitmap: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     nb, nv = bitmap.numel(), values.numel() * values.element_size()
-    buf = torch.zeros(_padded(nb) + _padded(nv), dtype=torch.uint8, device=bitmap.device)
+    buf = torch.zeros(padded(nb) + padded(nv), dtype=torch.uint8, device=bitmap.device)
     buf[:nb] = bitmap
-    buf[_padded(nb):_padded(nb) + nv] = _as_bytes(values)
+    buf[padded(nb):padded(nb) + nv] = _as_bytes(values)
     return buf
 
 
@@ -119,7 +120,7 @@ def unpack_coo(buf: torch.Tensor, count: int, idx_dtype: torch.dtype, val_dtype:
     sv = torch.empty(0, dtype=val_dtype).element_size() * width
     if buf.numel() != coo_bytes(count, si, sv):
         raise ValueError(f"zen: COO piece of {count} pairs must have {coo_bytes(count, si, sv)} bytes, got {buf.numel()}")
-    values = _section(buf, _padded(count * si), count * width, val_dtype)
+    values = _section(buf, padded(count * si), count * width, val_dtype)
     return _section(buf, 0, count, idx_dtype), _rows(values, count, width)
 
 
@@ -132,7 +133,7 @@ def unpack_bitmap(buf: torch.Tensor, count: int, set_size: int, val_dtype: torch
     if buf.numel() != bitmap_bytes(count, set_size, sv):
         raise ValueError(f"zen: bitmap piece must have {bitmap_bytes(count, set_size, sv)} bytes, got {buf.numel()}")
     nb = (set_size + 7) // 8
-    return buf[:nb], _rows(_section(buf, _padded(nb), count * width, val_dtype), count, width)
+    return buf[:nb], _rows(_section(buf, padded(nb), count * width, val_dtype), count, width)
 
 
 def split(buf: torch.Tensor, sizes):
@@ -223,11 +224,11 @@ def pack_blocks_pieces(bitmaps, block_values: torch.Tensor, counts) -> tuple:
     for bitmap, count, size in zip(bitmaps, counts, splits):
         if count:
             nb = bitmap.numel()
-            buf[at:at + _padded(nb)].zero_()
+            buf[at:at + padded(nb)].zero_()
             buf[at:at + nb] = bitmap
             values = _as_bytes(block_values[start:start + count].reshape(-1))
-            buf[at + _padded(nb):at + _padded(nb) + values.numel()] = values
-            buf[at + _padded(nb) + values.numel():at + size].zero_()
+            buf[at + padded(nb):at + padded(nb) + values.numel()] = values
+            buf[at + padded(nb) + values.numel():at + size].zero_()
         at += size
         start += count
     return buf, splits
@@ -250,7 +251,7 @@ def unpack_blocks(buf: torch.Tensor, count: int, num_blocks: int, block_size: in
     if count == 0:
         return torch.zeros(nb, dtype=torch.uint8, device=buf.device), torch.empty(0, block_size, dtype=val_dtype,
                                                                                     device=buf.device)
-    return buf[:nb], _section(buf, _padded(nb), count * block_size, val_dtype).view(count, block_size)
+    return buf[:nb], _section(buf, padded(nb), count * block_size, val_dtype).view(count, block_size)
 
 
 def planned_bytes(row: torch.Tensor, slot: int) -> int:

@@ -233,8 +233,8 @@ class BalancedParallelism(Scheme):
         if not whole or call.dense is None or call.value_dtype is not None:
             return None
         values = call.dense.values()
-        fits = all(s >= values.numel() * values.element_size() for p, row in enumerate(slots)
-                   for j, s in enumerate(row) if p != j)
+        value_bytes = values.numel() * values.element_size()
+        fits = all(s >= value_bytes for p, row in enumerate(slots) for j, s in enumerate(row) if p != j)
         return values if fits else None
 
     @staticmethod
@@ -244,7 +244,7 @@ class BalancedParallelism(Scheme):
         Files the plan of the next such call: whole where its all-gather sends at most WHOLE_BYTES per rank."""
         n, me = call.comm.world, call.comm.rank
         small = call.value_dtype is None and (n - 1) * value_bytes <= WHOLE_BYTES
-        slot = math.ceil(value_bytes / 8) * 8  # slots are whole int64s
+        slot = wire.padded(value_bytes)  # slots are whole int64s
         call.file_plan([[slot if small and p != j else 0 for j in range(n)] for p in range(n)], whole=small)
         if whole is None:
             call.all_reduce_dense()
