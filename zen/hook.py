@@ -16,6 +16,7 @@ parameter, with error feedback (:mod:`zen.topk`); its small parameters are summe
 all-reduce; the sparsified rest goes through the same scheme, which sees its density.
 """
 import logging
+import threading
 import time
 import warnings
 from typing import List, Optional
@@ -26,6 +27,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import topk
 from .agreement import MismatchError, text_code
+from .bucket_plan import BucketPlan, bucket_layout, bucket_segments, check, is_due
 from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
 from .hierarchy import POLICY, check_hierarchy
@@ -34,6 +36,7 @@ from .schemes.call import Segment, run_call
 from .transport import check_timeout, get_comm
 
 logger = logging.getLogger("zen")
+_RECORD_LOCK = threading.Lock()  # totals are recorded on the lane and in the callbacks of dense all-reduces
 
 
 def _no_totals() -> dict:
@@ -89,7 +92,7 @@ class ZenState:
                  "timeout", "log_every", "topk_ratio", "warmup_steps", "error_feedback", "momentum", "min_numel",
                  "selection", "density_ramp", "reestimate_every", "global_topk", "value_dtype", "hierarchy",
                  "local_size", "_scheme", "_comm", "last_stats",
-                 "_totals", "_residuals", "_ordinals", "_layouts", "_selector", "_checked", "_unpickled", "_unended",
+                 "_totals", "_residuals", "_ordinals", "_layouts", "_plans", "_selector", "_checked", "_unpickled", "_unended",
                  "_first_step", "_warned_models"]
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, scheme: str = "zen",
@@ -145,6 +148,7 @@ class ZenState:
         self._residuals = {}  # parameter ordinal (or bucket place) -> topk.Residual
         self._ordinals = WeakIdKeyDictionary()  # parameter -> its ordinal: the order the hook first saw it
         self._layouts = {}  # bucket index -> its segments, where its parameters are not known
+        self._plans = {}  # bucket index -> BucketPlan: dense or by the scheme (zen.bucket_plan)
         self._selector = topk.Selector(selection, reestimate_every=reestimate_every)
         self._checked = False
         self._unpickled = False
@@ -269,13 +273,18 @@ class ZenState:
         return dict(self._totals, schemes=dict(self._totals["schemes"]))
 
     def _record(self, buffer: torch.Tensor, stats: dict, seconds: float, last: bool) -> None:
+        with _RECORD_LOCK:
+            self.last_stats = stats
+            self._add(buffer, stats, seconds, last)
+
+    def _add(self, buffer: torch.Tensor, stats: dict, seconds: float, last: bool) -> None:
         totals = self._totals
         totals["buckets"] += 1
         totals["bytes_sent"] += stats.get("bytes_sent", 0)
         totals["dense_bytes"] += dense_bytes(buffer.numel(), self._comm.world, buffer.element_size())
         totals["seconds"] += seconds
         for group in stats.get("groups", [stats]):
-            name = self.scheme + (" (dense)" if group.get("dense") else "")
+            name = self.scheme + (" (dense)" if group.get("dense") and self.scheme != "dense" else "")
             totals["schemes"][name] = totals["schemes"].get(name, 0) + 1
             auto = group.get("auto", {})
             totals["auto_seconds"] += auto.get("seconds_measuring", 0.0) + auto.get("seconds", 0.0)
@@ -324,7 +333,7 @@ class ZenState:
 
     def __getstate__(self):
         return {name: getattr(self, name) for name in self.__slots__
-                if name not in ("process_group", "_comm", "_scheme", "_ordinals", "_unended", "_first_step")}
+                if name not in ("process_group", "_comm", "_scheme", "_ordinals", "_plans", "_unended", "_first_step")}
 
     def __setstate__(self, state):
         self.process_group = None
@@ -333,6 +342,7 @@ class ZenState:
         self.log_every = None
         self._totals = _no_totals()
         self._ordinals = WeakIdKeyDictionary()
+        self._plans = {}
         self._unended = []
         self._first_step, self._warned_models = None, False
         self.hierarchy, self.local_size = "auto", None  # (a state pickled before these settings)
@@ -340,28 +350,6 @@ class ZenState:
             setattr(self, name, value)
         self._checked = False
         self._unpickled = True
-
-
-# A parameter smaller than this stays elements: reducing it in a group of its own would cost a round more
-# than its rows could save (at most 4 bytes of index per element, 16 KiB: under one latency of a fast link).
-SMALL_PARAMETER = 4096
-
-
-def bucket_segments(bucket, buffer: torch.Tensor) -> Optional[List[Segment]]:
-    """The bucket's parameters as segments of its flat buffer: (offset, numel, row size), the row size the
-    parameter's trailing dims (numel / shape[0] for 2-D and more, 1 for a vector or a parameter of fewer than
-    ``SMALL_PARAMETER`` elements). None where the bucket says nothing of its parameters or they do not tile
-    the buffer (then the buffer's own shape decides)."""
-    parameters = getattr(bucket, "parameters", None)
-    if parameters is None or buffer.layout != torch.strided:
-        return None
-    segments, offset = [], 0
-    for p in parameters():
-        large = p.dim() > 1 and p.shape[0] and p.numel() >= SMALL_PARAMETER
-        rows = p.numel() // p.shape[0] if large else 1
-        segments.append((offset, p.numel(), rows))
-        offset += p.numel()
-    return segments if offset == buffer.numel() and segments else None
 
 
 def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor, segments, step: int,
@@ -399,8 +387,61 @@ def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor
     stats.update(topk_ratio=ratio, sent=int(sent_idx.numel()))
 
 
+def _dense_call(state: ZenState, comm, buffer: torch.Tensor, last: bool) -> torch.futures.Future:
+    """A planned dense bucket: averaged, then one all-reduce of its buffer, started at once where the lane is idle."""
+    start = time.perf_counter()
+    buffer.div_(comm.world)
+    stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
+    size = (state.value_dtype or buffer.dtype).itemsize
+
+    def done(future):
+        summed = future.value()  # raises the all-reduce's failure
+        seconds = time.perf_counter() - start  # not the plan's: it waits for the ranks' backward to meet
+        stats = dict(dense=True, bytes_sent=dense_bytes(buffer.numel(), comm.world, size), hierarchy="flat")
+        state._record(buffer, stats, seconds, last)
+        return summed
+
+    return comm.all_reduce_async(buffer, state.value_dtype, stream).then(done)
+
+
+def _planned_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor, segments, plan, layout, step: int,
+                  stats: dict) -> None:
+    """A bucket of a planned scheme ("zen" or "dense"), averaged already, on the lane: a check where one is due
+    (:mod:`zen.bucket_plan`), then one all-reduce or the scheme; the plan keeps what every rank saw alike, and
+    this rank's seconds of the way that ran."""
+    dense = plan.dense if plan is not None else True
+    if is_due(plan, layout, step):
+        if plan is None or plan.layout != layout:
+            plan = state._plans[bucket.index()] = BucketPlan(layout)
+        parameters = list(bucket.parameters()) if hasattr(bucket, "parameters") else []
+        shapes = tuple(tuple(p.shape) for p in parameters) or layout[3] or (buffer.numel(),)
+        dense = check(comm, scheme, state.scheme, buffer, segments or [(0, buffer.numel(), 1)], shapes,
+                      state.value_dtype, (state.hierarchy, state.local_size), plan, state.dense_threshold)
+        plan.checked = step
+    start = time.perf_counter()
+    if dense:
+        comm.all_reduce(buffer, state.value_dtype)
+        size = (state.value_dtype or buffer.dtype).itemsize
+        stats.update(dense=True, bytes_sent=dense_bytes(buffer.numel(), comm.world, size), hierarchy="flat")
+        plan.seconds["dense"] = time.perf_counter() - start
+    else:
+        POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments, value_dtype=state.value_dtype,
+                   hierarchy=state.hierarchy, local_size=state.local_size)
+        plan.seconds["scheme"] = time.perf_counter() - start
+    plan.dense = bool(stats.get("dense"))
+
+
 def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average ``bucket`` over the group with zen; returns a pending future of the bucket's buffer."""
+    """Average ``bucket`` over the group with zen; returns a pending future of the bucket's buffer.
+
+    Steps, alike on every rank:
+
+    1. a bucket that top-k sparsifies (after ``warmup_steps``) goes to its scheme, its small parameters dense;
+    2. with ``scheme`` "zen" or "dense" (and ``hierarchy`` not "node"), a bucket whose plan says dense (:mod:`zen.bucket_plan`) and that is not
+       due a check is one all-reduce of its buffer, as plain DDP's, started at once;
+    3. any other bucket is a job on the group's lane: a check where one is due, then the scheme where the
+       check (or the plan) says it may pay, else the one all-reduce.
+    """
     buffer = bucket.buffer()
     comm = state.comm()
     scheme = state.scheme_instance()
@@ -411,24 +452,31 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     if hasattr(bucket, "parameters"):  # ordinals from the first step's layout, DDP's initial one
         state._note_parameters(bucket.parameters(), step)
     # A sparse (COO) bucket is sparse already: it is sent as it is.
-    sparsify = state.topk_ratio is not None and step >= state.warmup_steps and buffer.layout == torch.strided
+    strided = buffer.layout == torch.strided
+    sparsify = state.topk_ratio is not None and step >= state.warmup_steps and strided
+    planned = strided and not sparsify and state.scheme in ("zen", "dense") and state.hierarchy != "node"
+    layout = bucket_layout(buffer, segments)
+    plan = state._plans.get(bucket.index()) if planned else None
+    if plan is not None and plan.dense and not is_due(plan, layout, step):
+        future = _dense_call(state, comm, buffer, last)
+    else:
+        def job():
+            start = time.perf_counter()
+            stats = {}
+            state._check_same_settings(comm)
+            buffer.div_(comm.world)  # divide before summing: no fp16 overflow, same as DDP's own allreduce
+            if sparsify:
+                _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
+            elif planned:
+                _planned_call(state, comm, scheme, bucket, buffer, segments, plan, layout, step, stats)
+            else:
+                POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments,
+                           value_dtype=state.value_dtype, hierarchy=state.hierarchy, local_size=state.local_size)
+            state._record(buffer, stats, time.perf_counter() - start, last)
+            return buffer
 
-    def job():
-        start = time.perf_counter()
-        stats = {}
-        state._check_same_settings(comm)
-        buffer.div_(comm.world)  # divide before summing: no fp16 overflow, same as DDP's own allreduce
-        if sparsify:
-            _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
-        else:
-            POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments, value_dtype=state.value_dtype,
-                       hierarchy=state.hierarchy, local_size=state.local_size)
-        state.last_stats = stats
-        state._record(buffer, stats, time.perf_counter() - start, last)
-        return buffer
-
-    stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
-    future = comm.submit(job, stream)
+        stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
+        future = comm.submit(job, stream)
     if torch._C._current_graph_task_id() != -1:  # inside backward
         state._unended = [] if last else state._unended + [future]
         torch.autograd.Variable._execution_engine.queue_callback(lambda: state._end_of_backward(future))

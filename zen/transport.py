@@ -123,6 +123,8 @@ class Lane:
 
     def __init__(self, name: str):
         self._jobs = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0  # jobs submitted and not yet finished
         # OpenMP's thread count is per thread: the lane uses its creator's, or a new thread would spin up
         # every core and oversubscribe a machine shared by several ranks.
         self._threads = torch.get_num_threads()
@@ -135,10 +137,27 @@ class Lane:
             job = self._jobs.get()
             if job is None:
                 return
-            job()
+            try:
+                job()
+            finally:
+                with self._lock:
+                    self._pending -= 1
 
     def submit(self, job) -> None:
-        self._jobs.put(job)
+        with self._lock:
+            self._pending += 1
+            self._jobs.put(job)
+
+    def run_in_order(self, job) -> None:
+        """Run ``job()`` after every job submitted before: at once on the calling thread where none is queued or
+        running (under the lane's lock, so none starts meanwhile), else as the lane's next job. For a job that
+        only starts collectives and does not wait for them: the order of starting is what ranks share."""
+        with self._lock:
+            if self._pending == 0 or self.is_current():
+                job()
+                return
+            self._pending += 1
+            self._jobs.put(job)
 
     def is_current(self) -> bool:
         """Whether the calling thread is this lane's (a job, or a callback of a job's future)."""
@@ -232,6 +251,39 @@ class Comm:
         else:
             self._lane.submit(run)
         return fut
+
+    def all_reduce_async(self, tensor: torch.Tensor, value_dtype: Optional[torch.dtype] = None,
+                         stream=None) -> torch.futures.Future:
+        """``dist.all_reduce`` (sum) of ``tensor`` in place, started in the lane's order and not waited for:
+        plain DDP's collective for a bucket, started from the calling thread where the lane is idle. The future
+        carries ``tensor`` once summed, or the failure as :class:`PeerError` (and the group is then broken
+        on this rank)."""
+        result = torch.futures.Future()
+
+        def finish(done: torch.futures.Future, low: torch.Tensor):
+            try:
+                with self.waiting_on("an all-reduce", self.others()):
+                    done.wait()
+                if low is not tensor:
+                    tensor.copy_(low)
+                result.set_result(tensor)
+            except BaseException as error:  # noqa: B036  (the waiter re-raises it)
+                self.fail(error)
+                result.set_exception(error)
+
+        def start():
+            try:
+                self.check_usable()
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    low = tensor if value_dtype in (None, tensor.dtype) else tensor.to(value_dtype)
+                    work = dist.all_reduce(low, group=self.group, async_op=True)
+            except BaseException as error:  # noqa: B036
+                result.set_exception(error)
+                return
+            work.get_future().add_done_callback(lambda done: finish(done, low))
+
+        self._lane.run_in_order(start)
+        return result
 
     # --- failure state --------------------------------------------------------------------------------
     def fail(self, error: BaseException) -> None:

@@ -1,0 +1,126 @@
+"""The hook's bucket plans (zen.bucket_plan): a steady dense bucket is one all-reduce and nothing else, counted
+where the collectives reach torch.distributed; ranks whose buckets differ raise the same MismatchError at the
+first step, at a layout change and at a re-check."""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from distributed import LocalBucket, run_ranks
+
+COLLECTIVES = ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "all_gather_single", "broadcast",
+               "isend", "irecv", "batch_isend_irecv", "all_gather", "reduce_scatter_tensor", "barrier")
+
+
+class Counting:
+    """Counts every call of torch.distributed's collectives (by name) made while it is on: what reaches the
+    process groups, whatever zen reports of itself."""
+
+    def __init__(self):
+        self.calls = {}
+        self.on = False
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is not None:
+                setattr(dist, name, self._wrap(name, original))
+
+    def _wrap(self, name, original):
+        def counted(*args, **kwargs):
+            if self.on:
+                self.calls[name] = self.calls.get(name, 0) + 1
+            return original(*args, **kwargs)
+
+        return counted
+
+
+def _steady_collectives(rank, world, scheme, steps):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zen
+    from zen.bucket_plan import RECHECK_STEPS
+
+    counting = Counting()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(256, 256), nn.ReLU())])
+    plain = DDP(copy.deepcopy(model), bucket_cap_mb=0.25)
+    hooked = DDP(copy.deepcopy(model), bucket_cap_mb=0.25)
+    state = zen.ZenState(scheme=scheme)
+    hooked.register_comm_hook(state, zen.zen_hook)
+    buckets, sent = [], []
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(steps):
+        x, y = torch.randn(32, 256, generator=gen), torch.randn(32, 256, generator=gen)
+        for ddp in (plain, hooked):
+            ddp.zero_grad()
+            before = state.summary()
+            counting.on = ddp is hooked and 4 <= step < RECHECK_STEPS
+            nn.functional.mse_loss(ddp(x), y).backward()
+            counting.on = False
+            if ddp is hooked and 4 <= step < RECHECK_STEPS:
+                after = state.summary()
+                buckets.append(after["buckets"] - before["buckets"])
+                sent.append((after["bytes_sent"] - before["bytes_sent"], after["dense_bytes"] - before["dense_bytes"]))
+    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), hooked.parameters()))
+    return counting.calls, buckets, same, sent
+
+
+@pytest.mark.parametrize("scheme", ["dense", "zen"])
+def test_a_steady_dense_bucket_is_one_all_reduce(scheme):
+    """A dense model's buckets, past the first checks and before the next: one dist.all_reduce per bucket and
+    no other collective (no agreement, no size exchange), a ring all-reduce's bytes, and parameters
+    bit-identical to plain DDP's."""
+    steps = 12
+    for calls, buckets, same, sent in run_ranks(2, _steady_collectives, scheme, steps):
+        assert same
+        assert len(buckets) == steps - 4 and all(b == buckets[0] for b in buckets) and buckets[0] >= 2, buckets
+        assert calls == {"all_reduce": sum(buckets)}, (calls, buckets)
+        assert all(mine == dense > 0 for mine, dense in sent), sent
+
+
+def _bucket(shapes, index=0, last=True):
+    """A LocalBucket of parameters of ``shapes``, their gradients rank-dependent ones."""
+    parameters = [torch.zeros(shape) for shape in shapes]
+    numel = sum(p.numel() for p in parameters)
+    buffer = torch.arange(numel, dtype=torch.float32) % 7 + 1
+    return LocalBucket(buffer, index, parameters, is_last=last)
+
+
+def _mismatch(rank, world, when):
+    import zen
+    from zen.bucket_plan import RECHECK_STEPS
+
+    state = zen.ZenState(scheme="dense")
+    good, other = [(64, 64, 4), (32,)], [(64, 256), (32,)]  # the same numel and rows (row size 256)
+    change = {"first": 0, "layout": 3, "recheck": 3}[when]
+    raised = []
+    for step in range(RECHECK_STEPS + 3):
+        shapes = good
+        if step >= change and rank == 1:
+            shapes = other if when != "layout" else [(128, 128), (32,)]
+        elif when == "layout" and step >= change:
+            shapes = [(64, 256), (16,), (16,)]
+        try:
+            zen.zen_hook(state, _bucket(shapes)).wait()
+        except zen.MismatchError as error:
+            raised.append((step, str(error)))
+            break
+    return raised
+
+
+@pytest.mark.parametrize("when", ["first", "layout", "recheck"])
+def test_buckets_that_differ_raise_on_every_rank(when):
+    """Rank 1's bucket differs from rank 0's: from the first step, from a layout change that both ranks make
+    (differently), and from a step between checks (the same numel and rows, other shapes): every rank raises
+    the same MismatchError, at the first step, at the change, and at the next re-check."""
+    from zen.bucket_plan import RECHECK_STEPS
+
+    results = run_ranks(2, _mismatch, when)
+    expected_step = {"first": 0, "layout": 3, "recheck": RECHECK_STEPS}[when]
+    for raised in results:
+        assert len(raised) == 1, results
+        step, message = raised[0]
+        assert step == expected_step, results
+        assert "differ across ranks" in message and ("shape" in message or "numel" in message), message
+    assert results[0][0][1] == results[1][0][1]

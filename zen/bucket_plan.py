@@ -1,0 +1,166 @@
+"""The hook's plan of each DDP bucket: dense (one all-reduce of the bucket's buffer, plain DDP's collective) or
+by the scheme, decided from what every rank shares, so that a steady bucket spends no round on deciding.
+
+A bucket is *checked* on its first call, when its layout changes (DDP rebuilds its buckets after the first
+step), and every :data:`RECHECK_STEPS` steps. A check is one agreement (:func:`zen.agreement.agree`): every
+rank's header, with the bucket's parameter shapes in its shape field (ranks whose buckets differ raise the same
+:class:`zen.MismatchError`), and, for a scheme that may send sparse, each row-size group's non-zero elements
+and rows. From those counts every rank computes the same lower bound of the bytes the scheme would send
+(:func:`sparse_may_pay`); where even that bound is not below a ring all-reduce's, the bucket is dense and its
+sum is one all-reduce. Else the scheme runs (with its own agreement and its dense switch).
+
+Between checks a dense bucket is one all-reduce and nothing else, started at once where the group's lane is
+idle (:meth:`zen.transport.Comm.all_reduce_async`). A bucket the scheme ran becomes dense as soon as a call of it
+went dense whole (its dense switch decides from agreed counts, alike on every rank), and goes back to the
+scheme at the next check where its counts say sparse may pay.
+
+Every input of these decisions is alike on every rank: the step count, the bucket's index and layout (DDP
+makes them alike), and agreed counts. A layout that changes on some ranks only (outside DDP) meets the others
+in a collective of another kind: that surfaces as :class:`zen.PeerError` within the timeout, not as a
+MismatchError; the next check would name it.
+"""
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from . import agreement, ops
+from .cost.terms import dense_bytes
+from .geometry import index_size, rows_are_smaller
+from .schemes.call import Segment, call_header
+from .transport import Comm
+
+RECHECK_STEPS = 16
+
+# A parameter smaller than this stays elements: reducing it in a group of its own would cost a round more
+# than its rows could save (at most 4 bytes of index per element, 16 KiB: under one latency of a fast link).
+SMALL_PARAMETER = 4096
+
+
+def bucket_segments(bucket, buffer: torch.Tensor) -> Optional[List[Segment]]:
+    """The bucket's parameters as segments of its flat buffer: (offset, numel, row size), the row size the
+    parameter's trailing dims (numel / shape[0] for 2-D and more, 1 for a vector or a parameter of fewer than
+    ``SMALL_PARAMETER`` elements). None where the bucket says nothing of its parameters or they do not tile
+    the buffer (then the buffer's own shape decides)."""
+    parameters = getattr(bucket, "parameters", None)
+    if parameters is None or buffer.layout != torch.strided:
+        return None
+    segments, offset = [], 0
+    for p in parameters():
+        large = p.dim() > 1 and p.shape[0] and p.numel() >= SMALL_PARAMETER
+        rows = p.numel() // p.shape[0] if large else 1
+        segments.append((offset, p.numel(), rows))
+        offset += p.numel()
+    return segments if offset == buffer.numel() and segments else None
+
+
+@dataclass
+class BucketPlan:
+    """A bucket's plan: its ``layout`` when checked (numel, dtype, device, segments), whether it travels
+    ``dense``, the step of its last check and how many checks it had, whether its counts said sparse
+    ``may_pay``, and this rank's last measured ``seconds`` of each way ("dense", "scheme")."""
+
+    layout: tuple
+    dense: bool = True
+    checked: int = 0
+    checks: int = 0
+    may_pay: bool = False
+    seconds: dict = field(default_factory=dict)
+
+
+def bucket_layout(buffer: torch.Tensor, segments: Optional[Sequence[Segment]]) -> tuple:
+    return (buffer.numel(), buffer.dtype, str(buffer.device), tuple(segments or ()))
+
+
+def is_due(plan: Optional[BucketPlan], layout: tuple, step: int) -> bool:
+    """Whether this call of the bucket is a check: no plan yet, another layout, RECHECK_STEPS since the last,
+    or sparse may pay and one of the two ways is still to be timed."""
+    return (plan is None or plan.layout != layout or step - plan.checked >= RECHECK_STEPS
+            or (plan.may_pay and len(plan.seconds) < 2))
+
+
+def group_counts(flat: torch.Tensor, segments: Sequence[Segment]) -> List[int]:
+    """This rank's counts per row-size group (ascending row size): non-zero elements and non-zero rows."""
+    sizes = sorted({row for _, _, row in segments})
+    counts = [0] * (2 * len(sizes))
+    for offset, numel, row in segments:
+        elements, rows = ops.count_nonzero(flat[offset:offset + numel], row)
+        g = sizes.index(row)
+        counts[2 * g] += elements
+        counts[2 * g + 1] += rows
+    return counts
+
+
+def sparse_may_pay(counts: torch.Tensor, segments: Sequence[Segment], value_size: int) -> bool:
+    """Whether a sparse sum of the groups could send fewer bytes than a ring all-reduce of the whole bucket,
+    2 (n-1)/n M s_v, by a lower bound of what Balanced Parallelism sends (:func:`zen.cost.terms.balanced_bytes`
+    at gamma = 1 and no imbalance, the pull's union at least the largest rank's entries):
+
+        sum over groups  (n-1)/n (mean_r k_r e + min(U e, U b s_v + M_g / b / 8)),  U = max_r k_r
+
+    ``counts``: every rank's :func:`group_counts`, [n, 2 G]. Each group of row size b and M_g elements
+    travels as rows (k_r rows, e = b s_v + s_i bytes each) where that is smaller, else as elements (k_r
+    non-zeros, e = s_v + s_i)."""
+    n = counts.shape[0]
+    sizes = sorted({row for _, _, row in segments})
+    total = sum(numel for _, numel, _ in segments)
+    sparse = 0.0
+    for g, b in enumerate(sizes):
+        numel = sum(m for _, m, row in segments if row == b)
+        elements, rows = counts[:, 2 * g].tolist(), counts[:, 2 * g + 1].tolist()
+        if rows_are_smaller(sum(elements), sum(rows), b, numel, value_size):
+            k, entry, width = rows, b * value_size + index_size(numel // b), b
+        else:
+            k, entry, width = elements, value_size + index_size(numel), 1
+        union = max(k)
+        pull = min(union * entry, union * width * value_size + numel / width / 8.0)
+        sparse += (n - 1) / n * (sum(k) / n * entry + pull)
+    return sparse < dense_bytes(total, n, value_size)
+
+
+def _micros(seconds: Optional[float]) -> int:
+    return -1 if seconds is None else round(seconds * 1e6)
+
+
+def check(comm: Comm, scheme, scheme_name: str, buffer: torch.Tensor, segments: Sequence[Segment], shapes: tuple,
+          value_dtype: Optional[torch.dtype], hierarchy: Tuple[str, Optional[int]], plan: BucketPlan,
+          dense_threshold: Optional[float] = None) -> bool:
+    """One check of a bucket (on the lane): the agreement, with every rank's counts and its last measured
+    seconds of each way where the scheme may send sparse; sets ``plan.may_pay`` and returns whether this call
+    goes dense. Raises the same :class:`zen.MismatchError` on every rank where the ranks' buckets or settings
+    differ, or any rank cannot take part.
+
+    With ``dense_threshold``, the bucket goes dense where its mean density exceeds it, and nothing is timed.
+    Else, where sparse may pay (:func:`sparse_may_pay`), the ways are timed as they run right after a check's
+    agreement (the ranks in step): a way not timed yet runs first (the scheme, then dense); then the faster
+    by the slowest rank's seconds, except that every fourth check runs the other way once, so that the
+    figure of a way not chosen does not go stale."""
+    comm.check_usable()
+    header, detail, _, scheme_name = call_header(comm, buffer, scheme, scheme_name, (), None, hierarchy, value_dtype)
+    header[agreement.HEADER_FIELDS.index("shape")] = agreement.shape_code(shapes)
+    if detail:
+        agreement.report(comm, header, detail, shape=shapes, scheme_name=scheme_name)
+    count = scheme_name != "dense"
+    extra = (group_counts(buffer, segments) + [_micros(plan.seconds.get(w)) for w in ("dense", "scheme")]
+             if count else [])
+    try:
+        rows = agreement.agree(comm, header, extra, shape=shapes, scheme_name=scheme_name)
+    except agreement.MismatchError:
+        raise
+    except BaseException as error:  # noqa: B036  (the exchange itself failed: a dead peer, a timeout)
+        comm.fail(error)
+        raise
+    plan.checks += 1
+    if count and dense_threshold is not None:
+        elements = rows[:, 0:-2:2].sum().item()
+        return elements > dense_threshold * comm.world * buffer.numel()
+    plan.may_pay = count and sparse_may_pay(rows[:, :-2], segments, (value_dtype or buffer.dtype).itemsize)
+    if not plan.may_pay:
+        return True
+    dense, scheme_seconds = rows[:, -2].tolist(), rows[:, -1].tolist()
+    if min(scheme_seconds) < 0:
+        return False
+    if min(dense) < 0:
+        return True
+    faster_dense = max(dense) <= max(scheme_seconds)
+    return faster_dense != (plan.checks % 4 == 0)
