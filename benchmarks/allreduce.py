@@ -58,8 +58,9 @@ def parse_size(text: str) -> int:
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world", type=int, default=4, help="ranks to start on this machine (default 4)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--world", type=int, default=4, help="ranks to start on this machine")
     p.add_argument("--sizes", default="4M", help="comma-separated element counts, e.g. 1M,16M (ignored by --workload text)")
     p.add_argument("--densities", default="0.001,0.01,0.1", help="comma-separated per-rank densities")
     p.add_argument("--workload", default="uniform", choices=["uniform", "zipf", "text"])
@@ -343,9 +344,10 @@ def local_ms(row) -> float:
 
 
 def format_table(rows):
+    predicted = any(not math.isnan(r["time_predicted"]) for r in rows)  # not with --no-predict
     head = (f"{'numel':>11} {'nnz/rank':>9} {'union':>7} {'imb hash':>8} {'imb cont':>8} {'scheme':>10} "
-            f"{'time ms':>9} {'(min':>8} {'max)':>8} {'pred ms':>8} {'algbw':>7} {'sent MB':>8} {'speedup':>7} "
-            f"{'#wrong':>6}")
+            f"{'time ms':>9} {'(min':>8} {'max)':>8}" + (f" {'pred ms':>8}" if predicted else "")
+            + f" {'algbw':>7} {'sent MB':>8} {'speedup':>7} {'#wrong':>6}")
     hosts = any(not math.isnan(r.get("host_tx_bytes", float("nan"))) for r in rows)
     if hosts:
         head += f" {'host MB':>8}"
@@ -369,8 +371,8 @@ def format_table(rows):
     for r in rows:
         lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['union_density']:>7.2%} {r['imbalance_hash']:>8.2f} "
                      f"{r['imbalance_contiguous']:>8.2f} {r['scheme']:>10} {r['time_median'] * 1e3:>9.2f} "
-                     f"{r['time_min'] * 1e3:>8.2f} {r['time_max'] * 1e3:>8.2f} {r['time_predicted'] * 1e3:>8.2f} "
-                     f"{r['algbw_GBps']:>7.2f} "
+                     f"{r['time_min'] * 1e3:>8.2f} {r['time_max'] * 1e3:>8.2f} "
+                     + (f"{r['time_predicted'] * 1e3:>8.2f} " if predicted else "") + f"{r['algbw_GBps']:>7.2f} "
                      f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}"
                      + (f" {r['host_tx_bytes'] / 1e6:>8.2f}" if hosts else ""))
     phased = [r for r in rows if r.get("phases_ms")]

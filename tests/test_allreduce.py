@@ -89,9 +89,14 @@ def _views_and_async(rank, world):
     for w, x, r in zip(works, xs, refs):
         assert w.wait() and w.is_completed()
         assert same(x, r)
-    work = zen.all_reduce(torch.ones(2, 5), async_op=True)
+    work = zen.all_reduce(torch.ones(2, 5), dist.ReduceOp.SUM, None, True)  # dist.all_reduce's positions
+    assert isinstance(work, dist.Work)
     fut = work.get_future()  # as torch's: a future of [tensor]
     assert same(fut.wait()[0], torch.full((2, 5), float(world))) and work.exception() is None
+    assert work.is_success()
+    for op in (dist.ReduceOp.MAX, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT):
+        with pytest.raises(ValueError, match="op must be torch.distributed.ReduceOp.SUM"):
+            zen.all_reduce(torch.ones(3), op=op)
     assert same(work.result()[0], torch.full((2, 5), float(world)))
     # A collective started in a callback of a zen future, which runs on zen's worker thread: it runs at once,
     # where queued behind the callback it would wait forever. (The gate holds the worker until the callback is

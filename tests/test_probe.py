@@ -1,7 +1,10 @@
 """The probe says what it is doing: it runs once per group for seconds to tens of seconds (the first
-zen.predict, scheme "auto"), so it logs (logger "zen", INFO) what it probes before it starts, each phase,
-and when it is done; zen itself configures no logging. Its rates stay finite where noise swamps a slope. Bad
+zen.predict, scheme "auto"), so the group's first rank prints one line (stderr, no logging setup needed) of
+what it probes, about how long it takes and how to skip it before it starts; it logs (logger "zen", INFO)
+each phase and when it is done; zen itself configures no logging. Its rates stay finite where noise swamps a slope. Bad
 arguments to zen.predict are refused before any exchange."""
+import contextlib
+import io
 import logging
 import re
 import time
@@ -21,26 +24,32 @@ def _probe_log(rank, world):
     log = logging.getLogger("zen")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    printed = io.StringIO()
     start = time.perf_counter()
-    zen.probe_profile(message_bytes=1 << 16, repeats=1)  # the probe of the first zen.predict, at its smallest
+    with contextlib.redirect_stderr(printed):
+        zen.probe_profile(message_bytes=1 << 16, repeats=1)  # the probe of the first zen.predict, at its smallest
     seconds = time.perf_counter() - start
     root = logging.getLogger()
     return ([(r.name, r.levelno, r.getMessage()) for r in records], seconds, len(root.handlers),
-            [h for h in log.handlers if h is not handler])
+            [h for h in log.handlers if h is not handler], printed.getvalue())
 
 
 def test_the_probe_logs_what_it_measures_and_how_long_it_took():
-    for rank, (records, seconds, root_handlers, zen_handlers) in enumerate(run_ranks(2, _probe_log)):
+    for rank, (records, seconds, root_handlers, zen_handlers, printed) in enumerate(run_ranks(2, _probe_log)):
         assert root_handlers == 0 and zen_handlers == []  # no basicConfig, no handler of zen's own
         assert all(name == "zen" and level == logging.INFO for name, level, _ in records), records
+        lines = printed.splitlines()
+        if rank == 0:  # one line, before the probe: what, about how long, how to skip it
+            assert len(lines) == 1, lines
+            assert "zen: probing the links of a group of 2 ranks (gloo, cpu)" in lines[0], lines
+            assert "64 KiB up to 2 MiB per rank" in lines[0] and "about 10-30 s" in lines[0], lines
+            assert "zen.set_profile(group, bandwidth=..., latency=...) skips it" in lines[0], lines
+        else:
+            assert lines == [], lines
         messages = [m for _, _, m in records]
-        first, last = messages[0], messages[-1]
-        assert f"rank {rank} of 2: probing the group's links (gloo, cpu)" in first, first
-        assert "rates (1x per size, 64 KiB up to 2 MiB per rank)" in first, first
-        assert "seconds to tens of seconds" in first, first
         assert [m for m in messages if "links probed in" in m] and [m for m in messages if "calibration" in m]
-        done = re.fullmatch(rf"zen: rank {rank}: probe done in ([0-9.]+) s", last)
-        assert done and 0 < float(done.group(1)) <= seconds + 0.05, (last, seconds)
+        done = re.fullmatch(rf"zen: rank {rank}: probe done in ([0-9.]+) s", messages[-1])
+        assert done and 0 < float(done.group(1)) <= seconds + 0.05, (messages[-1], seconds)
 
 
 def test_a_rate_from_sizes_whose_times_noise_swamps_stays_finite_and_bounded():

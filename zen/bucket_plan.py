@@ -19,6 +19,7 @@ makes them alike), and agreed counts. A layout that changes on some ranks only (
 in a collective of another kind: that surfaces as :class:`zen.PeerError` within the timeout, not as a
 MismatchError; the next check would name it.
 """
+import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
@@ -27,6 +28,7 @@ import torch
 from . import agreement, ops
 from .cost.terms import dense_bytes
 from .geometry import index_size, rows_are_smaller
+from .hierarchy import POLICY
 from .schemes.call import Segment, call_header
 from .transport import Comm
 
@@ -164,3 +166,50 @@ def check(comm: Comm, scheme, scheme_name: str, buffer: torch.Tensor, segments: 
         return True
     faster_dense = max(dense) <= max(scheme_seconds)
     return faster_dense != (plan.checks % 4 == 0)
+
+
+class BucketPlans:
+    """A hook state's plans, by bucket index, and the settings they are made with: the scheme's name ("zen"
+    or "dense"), the dtype values travel in, the hierarchy (setting, local_size) and the dense threshold."""
+
+    def __init__(self, scheme_name: str, value_dtype: Optional[torch.dtype], hierarchy: Tuple[str, Optional[int]],
+                 dense_threshold: Optional[float]):
+        self.scheme_name, self.value_dtype = scheme_name, value_dtype
+        self.hierarchy, self.dense_threshold = hierarchy, dense_threshold
+        self._plans = {}
+
+    def dense_now(self, index: int, layout: tuple, step: int) -> bool:
+        """Whether the bucket's call is its one all-reduce, started at once: its plan says dense, no check due."""
+        plan = self._plans.get(index)
+        return plan is not None and plan.dense and not is_due(plan, layout, step)
+
+    def dense_stats(self, buffer: torch.Tensor, comm: Comm) -> dict:
+        """The statistics of a bucket summed by its one all-reduce (a ring all-reduce's bytes)."""
+        size = (self.value_dtype or buffer.dtype).itemsize
+        return dict(dense=True, bytes_sent=dense_bytes(buffer.numel(), comm.world, size), hierarchy="flat",
+                    block_size=1)
+
+    def run(self, comm: Comm, scheme, bucket, buffer: torch.Tensor, segments, layout: tuple, step: int,
+            stats: dict) -> None:
+        """A bucket's call on the lane, averaged already: a check where one is due, then its one all-reduce or
+        the scheme; the plan keeps what every rank saw alike, and this rank's seconds of the way that ran."""
+        plan = self._plans.get(bucket.index())
+        dense = plan.dense if plan is not None else True
+        if is_due(plan, layout, step):
+            if plan is None or plan.layout != layout:
+                plan = self._plans[bucket.index()] = BucketPlan(layout)
+            parameters = list(bucket.parameters()) if hasattr(bucket, "parameters") else []
+            shapes = tuple(tuple(p.shape) for p in parameters) or layout[3] or (buffer.numel(),)
+            dense = check(comm, scheme, self.scheme_name, buffer, segments or [(0, buffer.numel(), 1)], shapes,
+                          self.value_dtype, self.hierarchy, plan, self.dense_threshold)
+            plan.checked = step
+        start = time.perf_counter()
+        if dense:
+            comm.all_reduce(buffer, self.value_dtype)
+            stats.update(self.dense_stats(buffer, comm))
+            plan.seconds["dense"] = time.perf_counter() - start
+        else:
+            POLICY.run(comm, buffer, scheme, self.scheme_name, stats, segments=segments, value_dtype=self.value_dtype,
+                       hierarchy=self.hierarchy[0], local_size=self.hierarchy[1])
+            plan.seconds["scheme"] = time.perf_counter() - start
+        plan.dense = bool(stats.get("dense"))

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Optional, Union
 
 import torch
+import torch.distributed as dist
 
 from .auto import Auto
 from .hierarchy import POLICY, check_hierarchy
@@ -53,11 +54,13 @@ def make_scheme(name: str, **settings) -> Scheme:
         return _shared[key]
 
 
-class Work:
-    """The handle of an asynchronous zen collective, as ``torch.distributed.Work``: ``wait``, ``is_completed``,
-    ``exception``, ``result`` and ``get_future`` (whose value is ``[tensor]``, as torch's)."""
+class Work(dist.Work):
+    """The handle of an asynchronous zen collective: a ``torch.distributed.Work`` (a subclass), with ``wait``,
+    ``is_completed``, ``is_success``, ``exception``, ``result`` and ``get_future`` (whose value is ``[tensor]``,
+    as torch's)."""
 
     def __init__(self, future: torch.futures.Future):
+        super().__init__()
         self._future = future
         self._listed = None
 
@@ -76,6 +79,10 @@ class Work:
 
     def is_completed(self) -> bool:
         return self._future.done()
+
+    def is_success(self) -> bool:
+        """Whether the collective finished without an error (False while it runs)."""
+        return self._future.done() and self.exception() is None
 
     def exception(self) -> Optional[BaseException]:
         """The collective's error once it has failed; None while it runs or where it succeeded."""
@@ -99,10 +106,12 @@ class Work:
         return self._listed
 
 
-def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=None, async_op: bool = False,
-               stats: Optional[dict] = None, timeout=None, block_size: Optional[int] = None,
-               hierarchy: str = "auto", local_size: Optional[int] = None):
-    """Sum ``tensor`` over ``group`` in place, like ``torch.distributed.all_reduce(tensor, op=SUM)``.
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False,
+               scheme: Union[str, Scheme] = "zen", stats: Optional[dict] = None, timeout=None,
+               block_size: Optional[int] = None, hierarchy: str = "auto", local_size: Optional[int] = None):
+    """Sum ``tensor`` over ``group`` in place, like ``torch.distributed.all_reduce(tensor, op=SUM)``, whose
+    positional arguments (tensor, op, group, async_op) it takes in the same order. ``op`` must be
+    ``ReduceOp.SUM`` (a ValueError names what is supported otherwise).
 
     ``scheme`` picks the algorithm: a name from ``zen.SCHEMES``, or a scheme instance with its own settings
     (e.g. ``BalancedParallelism(num_probes=1)``); every scheme gives the sum of all ranks' tensors.
@@ -138,6 +147,9 @@ def all_reduce(tensor: torch.Tensor, scheme: Union[str, Scheme] = "zen", group=N
         grad = embedding.weight.grad            # mostly zero rows
         zen.all_reduce(grad)                     # == dist.all_reduce(grad), fewer bytes
     """
+    if op != dist.ReduceOp.SUM:
+        raise ValueError(f"zen.all_reduce: op must be torch.distributed.ReduceOp.SUM (zen sums; for other ops use "
+                         f"torch.distributed.all_reduce); got {op!r}")
     check_hierarchy("zen.all_reduce", hierarchy, local_size)
     check_timeout("zen.all_reduce", timeout)
     if stats is not None and not isinstance(stats, dict):

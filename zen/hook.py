@@ -27,7 +27,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import topk
 from .agreement import MismatchError, text_code
-from .bucket_plan import BucketPlan, bucket_layout, bucket_segments, check, is_due
+from .bucket_plan import BucketPlans, bucket_layout, bucket_segments
 from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
 from .hierarchy import POLICY, check_hierarchy
@@ -148,7 +148,7 @@ class ZenState:
         self._residuals = {}  # parameter ordinal (or bucket place) -> topk.Residual
         self._ordinals = WeakIdKeyDictionary()  # parameter -> its ordinal: the order the hook first saw it
         self._layouts = {}  # bucket index -> its segments, where its parameters are not known
-        self._plans = {}  # bucket index -> BucketPlan: dense or by the scheme (zen.bucket_plan)
+        self._plans = None  # BucketPlans: each bucket dense or by the scheme (zen.bucket_plan)
         self._selector = topk.Selector(selection, reestimate_every=reestimate_every)
         self._checked = False
         self._unpickled = False
@@ -274,23 +274,19 @@ class ZenState:
 
     def _record(self, buffer: torch.Tensor, stats: dict, seconds: float, last: bool) -> None:
         with _RECORD_LOCK:
-            self.last_stats = stats
-            self._add(buffer, stats, seconds, last)
-
-    def _add(self, buffer: torch.Tensor, stats: dict, seconds: float, last: bool) -> None:
-        totals = self._totals
-        totals["buckets"] += 1
-        totals["bytes_sent"] += stats.get("bytes_sent", 0)
-        totals["dense_bytes"] += dense_bytes(buffer.numel(), self._comm.world, buffer.element_size())
-        totals["seconds"] += seconds
-        for group in stats.get("groups", [stats]):
-            name = self.scheme + (" (dense)" if group.get("dense") and self.scheme != "dense" else "")
-            totals["schemes"][name] = totals["schemes"].get(name, 0) + 1
-            auto = group.get("auto", {})
-            totals["auto_seconds"] += auto.get("seconds_measuring", 0.0) + auto.get("seconds", 0.0)
-            totals["auto_trials"] += bool(auto.get("trial"))
-        if last:
-            self._count_step()
+            self.last_stats, totals = stats, self._totals
+            totals["buckets"] += 1
+            totals["bytes_sent"] += stats.get("bytes_sent", 0)
+            totals["dense_bytes"] += dense_bytes(buffer.numel(), self._comm.world, buffer.element_size())
+            totals["seconds"] += seconds
+            for group in stats.get("groups", [stats]):
+                name = self.scheme + (" (dense)" if group.get("dense") and self.scheme != "dense" else "")
+                totals["schemes"][name] = totals["schemes"].get(name, 0) + 1
+                auto = group.get("auto", {})
+                totals["auto_seconds"] += auto.get("seconds_measuring", 0.0) + auto.get("seconds", 0.0)
+                totals["auto_trials"] += bool(auto.get("trial"))
+            if last:
+                self._count_step()
 
     def _count_step(self) -> None:
         """A step ended: count it, and log the totals every ``log_every`` steps."""
@@ -312,6 +308,13 @@ class ZenState:
                 pending.wait()
             self._unended = []
             self._count_step()
+
+    def plans(self) -> BucketPlans:
+        """The buckets' plans (:mod:`zen.bucket_plan`), made on first use from the settings."""
+        if self._plans is None:
+            self._plans = BucketPlans(self.scheme, self.value_dtype, (self.hierarchy, self.local_size),
+                                      self.dense_threshold)
+        return self._plans
 
     def comm(self):
         if self._comm is None:
@@ -342,7 +345,7 @@ class ZenState:
         self.log_every = None
         self._totals = _no_totals()
         self._ordinals = WeakIdKeyDictionary()
-        self._plans = {}
+        self._plans = None
         self._unended = []
         self._first_step, self._warned_models = None, False
         self.hierarchy, self.local_size = "auto", None  # (a state pickled before these settings)
@@ -387,50 +390,6 @@ def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor
     stats.update(topk_ratio=ratio, sent=int(sent_idx.numel()))
 
 
-def _dense_call(state: ZenState, comm, buffer: torch.Tensor, last: bool) -> torch.futures.Future:
-    """A planned dense bucket: averaged, then one all-reduce of its buffer, started at once where the lane is idle."""
-    start = time.perf_counter()
-    buffer.div_(comm.world)
-    stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
-    size = (state.value_dtype or buffer.dtype).itemsize
-
-    def done(future):
-        summed = future.value()  # raises the all-reduce's failure
-        seconds = time.perf_counter() - start  # not the plan's: it waits for the ranks' backward to meet
-        stats = dict(dense=True, bytes_sent=dense_bytes(buffer.numel(), comm.world, size), hierarchy="flat")
-        state._record(buffer, stats, seconds, last)
-        return summed
-
-    return comm.all_reduce_async(buffer, state.value_dtype, stream).then(done)
-
-
-def _planned_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor, segments, plan, layout, step: int,
-                  stats: dict) -> None:
-    """A bucket of a planned scheme ("zen" or "dense"), averaged already, on the lane: a check where one is due
-    (:mod:`zen.bucket_plan`), then one all-reduce or the scheme; the plan keeps what every rank saw alike, and
-    this rank's seconds of the way that ran."""
-    dense = plan.dense if plan is not None else True
-    if is_due(plan, layout, step):
-        if plan is None or plan.layout != layout:
-            plan = state._plans[bucket.index()] = BucketPlan(layout)
-        parameters = list(bucket.parameters()) if hasattr(bucket, "parameters") else []
-        shapes = tuple(tuple(p.shape) for p in parameters) or layout[3] or (buffer.numel(),)
-        dense = check(comm, scheme, state.scheme, buffer, segments or [(0, buffer.numel(), 1)], shapes,
-                      state.value_dtype, (state.hierarchy, state.local_size), plan, state.dense_threshold)
-        plan.checked = step
-    start = time.perf_counter()
-    if dense:
-        comm.all_reduce(buffer, state.value_dtype)
-        size = (state.value_dtype or buffer.dtype).itemsize
-        stats.update(dense=True, bytes_sent=dense_bytes(buffer.numel(), comm.world, size), hierarchy="flat")
-        plan.seconds["dense"] = time.perf_counter() - start
-    else:
-        POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments, value_dtype=state.value_dtype,
-                   hierarchy=state.hierarchy, local_size=state.local_size)
-        plan.seconds["scheme"] = time.perf_counter() - start
-    plan.dense = bool(stats.get("dense"))
-
-
 def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket`` over the group with zen; returns a pending future of the bucket's buffer.
 
@@ -455,10 +414,17 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     strided = buffer.layout == torch.strided
     sparsify = state.topk_ratio is not None and step >= state.warmup_steps and strided
     planned = strided and not sparsify and state.scheme in ("zen", "dense") and state.hierarchy != "node"
-    layout = bucket_layout(buffer, segments)
-    plan = state._plans.get(bucket.index()) if planned else None
-    if plan is not None and plan.dense and not is_due(plan, layout, step):
-        future = _dense_call(state, comm, buffer, last)
+    plans, layout = state.plans(), bucket_layout(buffer, segments)
+    if planned and plans.dense_now(bucket.index(), layout, step):
+        start = time.perf_counter()
+        buffer.div_(comm.world)
+        stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
+
+        def done(summed):  # seconds from the start: they include waiting for the ranks' backward to meet
+            state._record(buffer, plans.dense_stats(buffer, comm), time.perf_counter() - start, last)
+            return summed.value()
+
+        future = comm.all_reduce_async(buffer, state.value_dtype, stream).then(done)
     else:
         def job():
             start = time.perf_counter()
@@ -468,7 +434,7 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
             if sparsify:
                 _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
             elif planned:
-                _planned_call(state, comm, scheme, bucket, buffer, segments, plan, layout, step, stats)
+                plans.run(comm, scheme, bucket, buffer, segments, layout, step, stats)
             else:
                 POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments,
                            value_dtype=state.value_dtype, hierarchy=state.hierarchy, local_size=state.local_size)

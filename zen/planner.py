@@ -199,7 +199,7 @@ def plan(workloads, names, profile: Profile) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zen.planner", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--embedding", action="append", default=[], metavar="ROWSxDIM",
                         help="an embedding table (repeatable), e.g. 1000000x64")
     parser.add_argument("--batch-tokens", type=int, default=None, help="tokens per rank and step (with --embedding)")
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
     parser.add_argument("--latency", required=True, help="per message, e.g. 50us")
     defaults = Profile(bandwidth=1.0, latency=0.0)
     parser.add_argument("--memory-bandwidth", default=None,
-                        help=f"local streaming kernels (default {defaults.memory_bandwidth / 1e9:g}GB/s)")
+                        help=f"local streaming kernels (when not given: {defaults.memory_bandwidth / 1e9:g}GB/s)")
     for name, what in (("element_time", "per pair hashed"), ("merge_time", "per pair merged by the aggregation"),
                        ("merge2_time", "per pair merged from two runs (SparCML)"),
                        ("write_time", "per element written at ascending positions (its cache lines apart)"),
@@ -220,9 +220,9 @@ def main(argv=None) -> int:
                        ("encode_time", "per index encoded into a hash bitmap"),
                        ("decode_time", "per index decoded from a hash bitmap")):
         parser.add_argument("--" + name.replace("_", "-"), default=None,
-                            help=f"{what} (default {getattr(defaults, name) * 1e9:g}ns)")
+                            help=f"{what} (when not given: {getattr(defaults, name) * 1e9:g}ns)")
     parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
-    parser.add_argument("--block-size", type=int, default=256, help="OmniReduce's block (default 256)")
+    parser.add_argument("--block-size", type=int, default=256, help="OmniReduce's block")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
     if args.world < 1:
@@ -281,12 +281,13 @@ def main(argv=None) -> int:
         for scheme, seconds in t["times"].items():
             if scheme == "auto":
                 continue
-            speedup = dense / seconds if seconds else math.inf
-            print(f"  {scheme:<11} {seconds * 1e3:>9.3f} ms {speedup:>8.2f}x {_size(t['memory'][scheme]):>14}")
+            speedup = f"{dense / seconds:>8.2f}x" if seconds else f"{'-':>9}"  # one rank: nothing moves
+            print(f"  {scheme:<11} {seconds * 1e3:>9.3f} ms {speedup} {_size(t['memory'][scheme]):>14}")
     total = result["total"]
     best = result["recommendation"]
     print(f"\nrecommendation: scheme=\"{best}\" ({total[best] * 1e3:.3f} ms per step, "
-          f"{total['dense'] / total[best]:.2f}x dense)" if total[best] else f"\nrecommendation: {best}")
+          f"{total['dense'] / total[best]:.2f}x dense)" if total[best] else
+          f"\nrecommendation: scheme=\"{best}\" (one rank: nothing to exchange, every scheme costs 0 ms)")
     return 0
 
 

@@ -21,7 +21,6 @@ import atexit
 import contextlib
 import datetime
 import os
-import queue
 import threading
 import warnings
 from collections import OrderedDict
@@ -32,6 +31,7 @@ import torch.distributed as dist
 
 from . import ops, wire
 from .geometry import duplex_all_to_all
+from .lane import Lane
 
 # torch renamed all_gather_into_tensor to all_gather_single.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -115,59 +115,6 @@ def _private_group(group, ranks: List[int], backend, timeout, suffix: str = "") 
 
 
 _warned_fallback = False  # the fallback of _private_group is announced once per process
-
-
-class Lane:
-    """One daemon worker thread running jobs in submission order. A daemon, so that a job stuck in a
-    collective never keeps the process from exiting."""
-
-    def __init__(self, name: str):
-        self._jobs = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._pending = 0  # jobs submitted and not yet finished
-        # OpenMP's thread count is per thread: the lane uses its creator's, or a new thread would spin up
-        # every core and oversubscribe a machine shared by several ranks.
-        self._threads = torch.get_num_threads()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        torch.set_num_threads(self._threads)
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                job()
-            finally:
-                with self._lock:
-                    self._pending -= 1
-
-    def submit(self, job) -> None:
-        with self._lock:
-            self._pending += 1
-            self._jobs.put(job)
-
-    def run_in_order(self, job) -> None:
-        """Run ``job()`` after every job submitted before: at once on the calling thread where none is queued or
-        running (under the lane's lock, so none starts meanwhile), else as the lane's next job. For a job that
-        only starts collectives and does not wait for them: the order of starting is what ranks share."""
-        with self._lock:
-            if self._pending == 0 or self.is_current():
-                job()
-                return
-            self._pending += 1
-            self._jobs.put(job)
-
-    def is_current(self) -> bool:
-        """Whether the calling thread is this lane's (a job, or a callback of a job's future)."""
-        return threading.current_thread() is self._thread
-
-    def close(self, timeout: float) -> None:
-        """End the thread after the jobs already submitted; wait for it at most ``timeout`` seconds (a job
-        stuck in a collective with a dead peer must not hold up the process's exit)."""
-        self._jobs.put(None)
-        self._thread.join(timeout)
 
 
 class Comm:

@@ -3,6 +3,7 @@ kernels and the calibration, into one :class:`zen.cost.Profile` that every rank 
 import dataclasses
 import logging
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -57,13 +58,14 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     started = time.perf_counter()
     # Said before it starts: the probe is collective and runs once per group, so a first zen.predict (or
     # scheme "auto") would seem to hang without it. It takes longer on slower links.
-    if n > 1:
+    # Printed (no logging setup needed), by the group's first rank only: one line per probe.
+    if n > 1 and me == 0:
         most = 4 * max(8 * message_bytes, DUPLEX_ALL_TO_ALL_BYTES * (n - 1))  # the slopes' largest send
-        logger.info("zen: rank %d of %d: probing the group's links (%s, %s), once per group: fixed costs, then "
-                    "all-reduce, all-to-all and pairwise rates (%dx per size, %s up to %s per rank), then zen's "
-                    "kernels and a calibration of %d schemes; usually seconds to tens of seconds, longer on slow "
-                    "links (zen.set_profile skips it)", me, n, comm.backend, device.type, repeats,
-                    _size(message_bytes), _size(most), len(registered()))
+        print(f"zen: probing the links of a group of {n} ranks ({comm.backend}, {device.type}), once per group: "
+              f"fixed costs, all-reduce, all-to-all and pairwise rates ({_size(message_bytes)} up to {_size(most)} "
+              f"per rank), zen's kernels and a calibration of {len(registered())} schemes; about 10-30 s, longer "
+              f"on slow links. zen.set_profile(group, bandwidth=..., latency=...) skips it.",
+              file=sys.stderr, flush=True)
 
     def slope(run, unit, grow=True, fixed=0.0):
         """(bytes/s, unit) of ``run(b)`` (b bytes sent per rank; collective), from the slope between
