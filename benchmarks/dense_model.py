@@ -88,7 +88,8 @@ def build_parser():
     p.add_argument("--world", type=int, default=4, help="ranks to start on this machine (default 4)")
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--variants", default="plain,powersgd,zen",
-                   help=f"comma-separated, any of {', '.join(VARIANTS)} (default plain,powersgd,zen)")
+                   help=f"comma-separated, any of {', '.join(VARIANTS)} (default plain,powersgd,zen); a zen "
+                        "variant may carry its own settings: NAME[/RATIO][/warmN][/rampN], e.g. zen/0.05/ramp100")
     p.add_argument("--seed", type=int, default=0)
     # compression
     p.add_argument("--topk-ratio", type=float, default=0.01, help="zen: fraction of entries sent (default 0.01)")
@@ -124,13 +125,37 @@ def build_parser():
     return p
 
 
+def variant_options(spec, args):
+    """(name, topk ratio, warm-up steps, density ramp) of a variant spec NAME[/RATIO][/warmN][/rampN]: a zen
+    variant's own settings, where given, else the command line's (e.g. zen/0.05/warm50/ramp100)."""
+    name, *options = spec.split("/")
+    ratio, warmup, ramp = args.topk_ratio, args.warmup_steps, args.density_ramp
+    for option in options:
+        if option.startswith("warm"):
+            warmup = int(option[4:])
+        elif option.startswith("ramp"):
+            ramp = int(option[4:])
+        else:
+            ratio = float(option)
+    return name, ratio, warmup, ramp
+
+
+def _options_ok(spec):
+    try:
+        _, ratio, warmup, ramp = variant_options(spec, argparse.Namespace(topk_ratio=0.01, warmup_steps=2,
+                                                                           density_ramp=None))
+    except ValueError:
+        return False
+    return (spec.startswith("zen") or "/" not in spec) and 0 < ratio <= 1 and warmup >= 2 and (ramp or 1) >= 1
+
+
 def check_args(args, parser):
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v.split("/")[0] not in VARIANTS or not _options_ok(v)]
     if not variants or unknown or len(set(variants)) != len(variants):
         parser.error(f"--variants: a comma-separated list of distinct names from {', '.join(VARIANTS)}; "
                      f"got {args.variants!r}")
-    if "zen-mc" in variants and args.optimizer != "sgd":
+    if any(v.split("/")[0] == "zen-mc" for v in variants) and args.optimizer != "sgd":
         parser.error("--variants zen-mc: momentum correction replaces SGD's momentum; it needs --optimizer sgd")
     if args.warmup_steps < 2:
         parser.error("--warmup-steps must be >= 2: DDP rebuilds its buckets after the first step, and "
@@ -284,12 +309,12 @@ class Variant:
                                             start_powerSGD_iter=args.warmup_steps)
             self.count = {"elements": 0}
             self.ddp.register_comm_hook(self.state, counting_powersgd_hook(self.count))
-        elif name in ("zen", "zen-global", "zen-mc"):
+        elif name.split("/")[0] in ("zen", "zen-global", "zen-mc"):
             import zen
 
-            self.state = zen.ZenState(topk_ratio=args.topk_ratio, warmup_steps=args.warmup_steps,
-                                      density_ramp=args.density_ramp, global_topk=name == "zen-global",
-                                      momentum=0.9 if name == "zen-mc" else None)
+            name, ratio, warmup, ramp = variant_options(name, args)
+            self.state = zen.ZenState(topk_ratio=ratio, warmup_steps=warmup, density_ramp=ramp,
+                                      global_topk=name == "zen-global", momentum=0.9 if name == "zen-mc" else None)
             self.ddp.register_comm_hook(self.state, zen.zen_hook)
         params = self.ddp.parameters()
         if args.optimizer == "sgd":

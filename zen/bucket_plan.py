@@ -128,8 +128,8 @@ def check(comm: Comm, scheme, scheme_name: str, buffer: torch.Tensor, segments: 
           value_dtype: Optional[torch.dtype], hierarchy: Tuple[str, Optional[int]], plan: BucketPlan,
           dense_threshold: Optional[float] = None) -> bool:
     """One check of a bucket (on the lane): the agreement, with every rank's counts and its last measured
-    seconds of each way where the scheme may send sparse; sets ``plan.may_pay`` and returns whether this call
-    goes dense. Raises the same :class:`zen.MismatchError` on every rank where the ranks' buckets or settings
+    seconds of each way where the scheme may send sparse; sets ``plan.dense`` (the way of the steps to come) and
+    ``plan.may_pay``, and returns whether this call goes dense. Raises the same :class:`zen.MismatchError` on every rank where the ranks' buckets or settings
     differ, or any rank cannot take part.
 
     With ``dense_threshold``, the bucket goes dense where its mean density exceeds it, and nothing is timed.
@@ -153,19 +153,23 @@ def check(comm: Comm, scheme, scheme_name: str, buffer: torch.Tensor, segments: 
         comm.fail(error)
         raise
     plan.checks += 1
-    if count and dense_threshold is not None:
-        elements = rows[:, 0:-2:2].sum().item()
-        return elements > dense_threshold * comm.world * buffer.numel()
-    plan.may_pay = count and sparse_may_pay(rows[:, :-2], segments, (value_dtype or buffer.dtype).itemsize)
-    if not plan.may_pay:
+    plan.dense = _choose(plan, rows, buffer, segments, value_dtype, dense_threshold, count)
+    explore = plan.may_pay and len(plan.seconds) == 2 and plan.checks % 4 == 0
+    return plan.dense != explore
+
+
+def _choose(plan: BucketPlan, rows: torch.Tensor, buffer: torch.Tensor, segments: Sequence[Segment],
+            value_dtype: Optional[torch.dtype], dense_threshold: Optional[float], count: bool) -> bool:
+    """Whether the bucket goes dense from this check on (:func:`check`); sets ``plan.may_pay``."""
+    if not count:
         return True
-    dense, scheme_seconds = rows[:, -2].tolist(), rows[:, -1].tolist()
-    if min(scheme_seconds) < 0:
-        return False
-    if min(dense) < 0:
-        return True
-    faster_dense = max(dense) <= max(scheme_seconds)
-    return faster_dense != (plan.checks % 4 == 0)
+    if dense_threshold is not None:
+        return rows[:, 0:-2:2].sum().item() > dense_threshold * rows.shape[0] * buffer.numel()
+    plan.may_pay = sparse_may_pay(rows[:, :-2], segments, (value_dtype or buffer.dtype).itemsize)
+    dense, scheme = rows[:, -2].tolist(), rows[:, -1].tolist()
+    if not plan.may_pay or min(dense + scheme) < 0:
+        return not plan.may_pay or min(scheme) >= 0  # untimed: the scheme first, then dense
+    return max(dense) <= max(scheme)
 
 
 class BucketPlans:
@@ -195,7 +199,7 @@ class BucketPlans:
         the scheme; the plan keeps what every rank saw alike, and this rank's seconds of the way that ran."""
         plan = self._plans.get(bucket.index())
         dense = plan.dense if plan is not None else True
-        if is_due(plan, layout, step):
+        if is_due(plan, layout, step):  # sets plan.dense: the way of the steps to come
             if plan is None or plan.layout != layout:
                 plan = self._plans[bucket.index()] = BucketPlan(layout)
             parameters = list(bucket.parameters()) if hasattr(bucket, "parameters") else []
@@ -212,4 +216,5 @@ class BucketPlans:
             POLICY.run(comm, buffer, scheme, self.scheme_name, stats, segments=segments, value_dtype=self.value_dtype,
                        hierarchy=self.hierarchy[0], local_size=self.hierarchy[1])
             plan.seconds["scheme"] = time.perf_counter() - start
-        plan.dense = bool(stats.get("dense"))
+            if not plan.dense:  # the scheme's way, unless this was a check's one call of it (not chosen)
+                plan.dense = bool(stats.get("dense"))

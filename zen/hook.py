@@ -15,11 +15,9 @@ With ``topk_ratio=r`` (dense models), each bucket is first sparsified to the top
 parameter, with error feedback (:mod:`zen.topk`); its small parameters are summed dense, all in one
 all-reduce; the sparsified rest goes through the same scheme, which sees its density.
 """
-import logging
-import threading
 import time
 import warnings
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -32,17 +30,9 @@ from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
 from .hierarchy import POLICY, check_hierarchy
 from .schemes.balanced import check_settings
-from .schemes.call import Segment, run_call
+from .schemes.call import run_call
+from .totals import Totals
 from .transport import check_timeout, get_comm
-
-logger = logging.getLogger("zen")
-_RECORD_LOCK = threading.Lock()  # totals are recorded on the lane and in the callbacks of dense all-reduces
-
-
-def _no_totals() -> dict:
-    """:meth:`ZenState.summary`'s counters before the first bucket."""
-    return dict(steps=0, buckets=0, bytes_sent=0, dense_bytes=0, schemes={}, seconds=0.0, auto_seconds=0.0,
-                auto_trials=0)
 
 
 class ZenState:
@@ -144,7 +134,7 @@ class ZenState:
         self._comm = None
         self._scheme = None
         self.last_stats = {}
-        self._totals = _no_totals()
+        self._totals = Totals(scheme, log_every)
         self._residuals = {}  # parameter ordinal (or bucket place) -> topk.Residual
         self._ordinals = WeakIdKeyDictionary()  # parameter -> its ordinal: the order the hook first saw it
         self._layouts = {}  # bucket index -> its segments, where its parameters are not known
@@ -191,7 +181,7 @@ class ZenState:
         if state["residuals"] and saved and world and saved != world:
             raise ValueError(f"ZenState.load_state_dict: the checkpoint's residuals are parts of gradients averaged "
                              f"over {saved} ranks; this group has {world}")
-        self._totals = {**_no_totals(), **state["totals"], "schemes": dict(state["totals"]["schemes"])}
+        self._totals.load(state["totals"])
         self._residuals = {key: topk.Residual(**r) for key, r in state["residuals"].items()}
         self._selector.load_state_dict(state["selector"])
 
@@ -269,30 +259,14 @@ class ZenState:
         (what a ring all-reduce of the same buckets sends: 2 (n-1)/n x their bytes), ``schemes`` (calls per
         scheme; a block of a bucket that went dense counts as "<scheme> (dense)"), ``seconds`` (in zen's
         collectives, on the lane); with ``scheme="auto"``: ``auto_seconds`` (what it spent choosing: its
-        measuring, the probe where it ran, and its trial calls whole) and ``auto_trials`` (its trial calls)."""
-        return dict(self._totals, schemes=dict(self._totals["schemes"]))
+        measuring, the probe where it ran, and its trial calls whole) and ``auto_trials`` (its trial calls);
+        ``bytes_vs_dense``, bytes_sent / dense_bytes, and ``last_step``, the last whole step's bytes_sent,
+        dense_bytes and vs_dense."""
+        return self._totals.summary()
 
     def _record(self, buffer: torch.Tensor, stats: dict, seconds: float, last: bool) -> None:
-        with _RECORD_LOCK:
-            self.last_stats, totals = stats, self._totals
-            totals["buckets"] += 1
-            totals["bytes_sent"] += stats.get("bytes_sent", 0)
-            totals["dense_bytes"] += dense_bytes(buffer.numel(), self._comm.world, buffer.element_size())
-            totals["seconds"] += seconds
-            for group in stats.get("groups", [stats]):
-                name = self.scheme + (" (dense)" if group.get("dense") and self.scheme != "dense" else "")
-                totals["schemes"][name] = totals["schemes"].get(name, 0) + 1
-                auto = group.get("auto", {})
-                totals["auto_seconds"] += auto.get("seconds_measuring", 0.0) + auto.get("seconds", 0.0)
-                totals["auto_trials"] += bool(auto.get("trial"))
-            if last:
-                self._count_step()
-
-    def _count_step(self) -> None:
-        """A step ended: count it, and log the totals every ``log_every`` steps."""
-        self._totals["steps"] += 1
-        if self.log_every and self._totals["steps"] % self.log_every == 0:
-            logger.info("zen: %s", self.summary())
+        self.last_stats = stats
+        self._totals.record(buffer.numel(), buffer.element_size(), self._comm.world, stats, seconds, last)
 
     def _end_of_backward(self, future: torch.futures.Future) -> None:
         """A callback of the backward in which a bucket's hook ran, run at its end (after DDP has called every
@@ -307,7 +281,7 @@ class ZenState:
             for pending in self._unended:
                 pending.wait()
             self._unended = []
-            self._count_step()
+            self._totals.end_step()
 
     def plans(self) -> BucketPlans:
         """The buckets' plans (:mod:`zen.bucket_plan`), made on first use from the settings."""
@@ -343,7 +317,7 @@ class ZenState:
         self._comm = None
         self._scheme = None
         self.log_every = None
-        self._totals = _no_totals()
+        self._totals = Totals(state.get("scheme", "zen"))
         self._ordinals = WeakIdKeyDictionary()
         self._plans = None
         self._unended = []
@@ -407,7 +381,7 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     segments = bucket_segments(bucket, buffer)
     last = bucket.is_last() if hasattr(bucket, "is_last") else False
     # Read here, not on the lane: DDP waits for every bucket of a step before the next step's hooks run.
-    step = state._totals["steps"]
+    step = state._totals.steps
     if hasattr(bucket, "parameters"):  # ordinals from the first step's layout, DDP's initial one
         state._note_parameters(bucket.parameters(), step)
     # A sparse (COO) bucket is sparse already: it is sent as it is.
