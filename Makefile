@@ -26,8 +26,8 @@ bench: $(VENV)/.built
 test: $(VENV)/.built
 	$(PY) -m pytest -q tests $(ARGS)
 
-# Every results/ file whose command needs no root, then README's Results blocks from results/ (benchmarks/report.py).
-# The emulated-cluster files (sweep_*, rows_*, train_*) need root: README's Results gives their commands. Each .txt
+# Every results/ file whose command needs no root, then the pages' blocks from results/ (benchmarks/report.py).
+# The emulated-cluster files (sweep_*, rows_*, train_*) need root: benchmarks/README.md gives their commands. Each .txt
 # is the command's printed table, moved into results/ only when the command succeeds. It times calls for some
 # minutes: run it on an otherwise idle machine.
 MEMORY_ARGS := --world 4 --sizes 4M --densities 0.001,0.01,0.1
@@ -41,6 +41,10 @@ results: $(VENV)/.built
 	mv results/tmp/sparse_embedding_2.txt results/sparse_embedding_2.txt
 	$(PY) benchmarks/sparse_embedding.py --world 4 --json results/sparse_embedding_4.json > results/tmp/sparse_embedding_4.txt
 	mv results/tmp/sparse_embedding_4.txt results/sparse_embedding_4.txt
+	$(PY) benchmarks/hook_overhead.py --world 2 --json results/hook_overhead_2.json > results/tmp/hook_overhead_2.txt
+	mv results/tmp/hook_overhead_2.txt results/hook_overhead_2.txt
+	$(PY) benchmarks/hook_overhead.py --world 4 --json results/hook_overhead_4.json > results/tmp/hook_overhead_4.txt
+	mv results/tmp/hook_overhead_4.txt results/hook_overhead_4.txt
 	$(PY) benchmarks/kernels.py --json results/kernels_cpu.json > results/tmp/kernels_cpu.txt
 	mv results/tmp/kernels_cpu.txt results/kernels_cpu.txt
 	{ echo '$$ python benchmarks/memory.py $(MEMORY_ARGS)'; echo; $(PY) benchmarks/memory.py $(MEMORY_ARGS); } > results/tmp/memory.txt

@@ -12,11 +12,13 @@ Models (--models, any of):
                  of rows beside dense ones
     mixed-sparse the same with nn.Embedding(sparse=True): its COO gradient travels in its own bucket
 
-Variants per model: ``plain`` (DDP's own all-reduce), ``zen`` (the default ``ZenState()``) and ``zen-dense``
+Variants per model: ``plain`` (DDP's own all-reduce), ``torch-hook`` (torch's Python ``allreduce_hook``: what
+a comm hook written in Python costs by itself), ``zen`` (the default ``ZenState()``) and ``zen-dense``
 (``ZenState(scheme="dense")``). All start from the same weights and see the same batches; every step runs
 every variant, in alternating order (listed order on even steps, reversed on odd ones), so drifting machine
 load hits all alike. A step is forward, backward (with the all-reduce or hook), clip and optimizer step, after
-a barrier; its time is the slowest rank's. Reported per variant: the median step after --warmup steps, its
+a barrier; its time is the slowest rank's. Reported per variant: the median step after --warmup steps (of --steps, more for
+the short MLP step, whose noise is a larger part of it), its
 ratio to plain DDP's, the bytes one rank sent per step (zen: ``summary()``; plain: a ring all-reduce of the
 dense gradients, 2 (n-1)/n x bytes), zen's calls per scheme, and the largest difference of the final
 parameters from plain DDP's (0 = bit-identical).
@@ -37,7 +39,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MODELS = ("mlp", "transformer", "mixed", "mixed-sparse")
-VARIANTS = ("plain", "zen", "zen-dense")
+VARIANTS = ("plain", "torch-hook", "zen", "zen-dense")
+STEPS = {"mlp": 300, "transformer": 60, "mixed": 60, "mixed-sparse": 60}  # a step's noise is a larger part of a short one
 
 
 def build_parser():
@@ -45,7 +48,8 @@ def build_parser():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world", type=int, default=2, help="local ranks over loopback")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, any of {', '.join(MODELS)}")
-    p.add_argument("--steps", type=int, default=60, help="timed steps per variant")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"timed steps per variant (default per model: {', '.join(f'{m} {n}' for m, n in STEPS.items())})")
     p.add_argument("--warmup", type=int, default=10, help="steps left out of the medians")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results as JSON here")
@@ -118,7 +122,11 @@ class Variant:
         self.name, self.model_name = variant, model_name
         self.ddp = DDP(copy.deepcopy(base))
         self.state = None
-        if variant != "plain":
+        if variant == "torch-hook":  # torch's own Python all-reduce hook: what any Python hook costs
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            self.ddp.register_comm_hook(None, allreduce_hook)
+        elif variant != "plain":
             self.state = zen.ZenState(scheme="dense") if variant == "zen-dense" else zen.ZenState()
             self.ddp.register_comm_hook(self.state, zen.zen_hook)
         module = self.ddp.module
@@ -161,7 +169,8 @@ def run(rank, world, args):
         variants = [Variant(v, model_name, base) for v in VARIANTS]
         times = {v.name: [] for v in variants}
         sent = {v.name: [] for v in variants}
-        for step in range(args.warmup + args.steps):
+        steps = args.steps or STEPS[model_name]
+        for step in range(args.warmup + steps):
             batches = [make_batch(model_name, rank, step, args.seed, m) for m in range(2)]
             order = variants if step % 2 == 0 else variants[::-1]
             for v in order:

@@ -1,9 +1,9 @@
-"""README.md's Results, written from the files in results/.
+"""The measured figures of README.md, benchmarks/README.md and docs/cost_model.md, written from results/.
 
-    python benchmarks/report.py            # rewrite README.md's generated blocks in place
-    python benchmarks/report.py --check    # exit 1 with a diff where README.md differs from what it would write
+    python benchmarks/report.py            # rewrite the pages' generated blocks in place
+    python benchmarks/report.py --check    # exit 1 with a diff where a page differs from what it would write
 
-Every table (and every sentence made only of figures) in README's "## Results" that a results/ file holds sits
+Every table (and every sentence made only of figures) of those pages that a results/ file holds sits
 between two markers, ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``; NAME is the results file(s) it is
 written from (without extension; several joined by commas; ``#part`` where one file gives several blocks). The
 lines between the markers are exactly what this script writes from the files: edit the file's command and
@@ -11,7 +11,7 @@ rerun it (``make results`` for those that need no root), never the block. The pr
 written by hand.
 
 Standard library only (it runs in CI before anything is built): JSON where the benchmark writes it, else the
-benchmark's printed table (results/memory.txt). ``--readme`` and ``--results`` point it at other copies.
+benchmark's printed table (results/memory.txt). ``--root`` and ``--results`` point it at other copies.
 """
 import argparse
 import difflib
@@ -557,7 +557,30 @@ def sanitize(res):
                 f"takes most of half an hour on 2 cores.", first="- ", rest="  ")
 
 
+HOOK = ("hook_overhead_2", "hook_overhead_4")
+MODEL_NAMES = {"mlp": "MLP 4 x 512", "transformer": "transformer LM", "mixed": "embedding + LM",
+               "mixed-sparse": "embedding (sparse=True) + LM"}
+
+
+def hook_overhead(res):
+    """benchmarks/hook_overhead.py at each world size: the hook's step and bytes against plain DDP's."""
+    lines = ["| model | ranks | plain DDP | `ZenState()` | `ZenState(scheme=\"dense\")` | bytes, `ZenState()` "
+             "| parameters |", "|---|---|---|---|---|---|---|"]
+    for stem in HOOK:
+        run = res.json(stem)
+        for model, r in run["results"].items():
+            plain = r["plain"]
+            equal = "equal" if all(v["max_param_diff"] == 0 for v in r.values()) else (
+                "max diff " + sci(max(v["max_param_diff"] for v in r.values())))
+            lines.append(f"| {MODEL_NAMES.get(model, model)} | {run['world']} | {plain['median_ms']:.1f} ms "
+                         f"| {r['zen']['median_ms'] / plain['median_ms']:.2f}x "
+                         f"| {r['zen-dense']['median_ms'] / plain['median_ms']:.2f}x "
+                         f"| {r['zen']['bytes_per_step'] / plain['bytes_per_step']:.2f}x | {equal} |")
+    return lines
+
+
 BLOCKS = {
+    ",".join(HOOK): hook_overhead,
     "sweep_accuracy": sweep_accuracy,
     "sweep_accuracy#runs": sweep_accuracy_runs,
     "sweep_accuracy,sweep_heldout": sweep_heldout,
@@ -584,11 +607,22 @@ BLOCKS = {
 
 # ---------------------------------------------------------------------------------------------- README
 
-def render(readme, results):
-    """README's text with every block rewritten from ``results`` (a folder)."""
+def render(pages, results):
+    """{page: text} with every block of every page rewritten from ``results`` (a folder); each block appears
+    in exactly one page."""
     res = Results(results)
-    lines = readme.split("\n")
-    out, open_name, seen = [], None, set()
+    seen, out = set(), {}
+    for page, text in pages.items():
+        out[page] = _render_page(page, text, res, seen)
+    missing = [name for name in BLOCKS if name not in seen]
+    if missing:
+        raise SystemExit(f"report: no page has markers for {', '.join(missing)}")
+    return out
+
+
+def _render_page(page, text, res, seen):
+    lines = text.split("\n")
+    out, open_name = [], None
     for number, line in enumerate(lines, 1):
         m = MARKER.match(line.strip())
         if m is None:
@@ -598,48 +632,54 @@ def render(readme, results):
         closing, name = m.group(1) == "/", m.group(2)
         if not closing:
             if open_name is not None:
-                raise SystemExit(f"report: line {number}: block {name} opens inside block {open_name}")
+                raise SystemExit(f"report: {page}:{number}: block {name} opens inside block {open_name}")
             if name not in BLOCKS:
-                raise SystemExit(f"report: line {number}: no block named {name} (known: {', '.join(BLOCKS)})")
+                raise SystemExit(f"report: {page}:{number}: no block named {name} (known: {', '.join(BLOCKS)})")
             if name in seen:
-                raise SystemExit(f"report: line {number}: block {name} appears twice")
+                raise SystemExit(f"report: {page}:{number}: block {name} appears twice")
             seen.add(name)
             open_name = name
             out.append(line)
             out += BLOCKS[name](res)
         else:
             if name != open_name:
-                raise SystemExit(f"report: line {number}: closes block {name}, but {open_name} is open")
+                raise SystemExit(f"report: {page}:{number}: closes block {name}, but {open_name} is open")
             open_name = None
             out.append(line)
     if open_name is not None:
-        raise SystemExit(f"report: block {open_name} is never closed")
-    missing = [name for name in BLOCKS if name not in seen]
-    if missing:
-        raise SystemExit(f"report: README has no markers for {', '.join(missing)}")
+        raise SystemExit(f"report: {page}: block {open_name} is never closed")
     return "\n".join(out)
+
+
+DOCS = ("README.md", os.path.join("benchmarks", "README.md"), os.path.join("docs", "cost_model.md"))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--check", action="store_true", help="write nothing: exit 1 with a diff if README would change")
-    p.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    p.add_argument("--check", action="store_true", help="write nothing: exit 1 with a diff if a page would change")
+    p.add_argument("--root", default=ROOT, help="the folder whose pages (README.md, benchmarks/README.md, "
+                                                "docs/cost_model.md) hold the blocks")
     p.add_argument("--results", default=os.path.join(ROOT, "results"))
     args = p.parse_args(argv)
-    with open(args.readme) as f:
-        current = f.read()
-    new = render(current, args.results)
-    if new == current:
+    pages = {}
+    for page in DOCS:
+        with open(os.path.join(args.root, page)) as f:
+            pages[page] = f.read()
+    new = render(pages, args.results)
+    changed = [page for page in DOCS if new[page] != pages[page]]
+    if not changed:
         return 0
     if args.check:
-        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), new.splitlines(True),
-                                                   "README.md", "README.md as report.py writes it"))
-        print(f"\nreport: README.md differs from what results/ gives: run python benchmarks/report.py",
+        for page in changed:
+            sys.stdout.writelines(difflib.unified_diff(pages[page].splitlines(True), new[page].splitlines(True),
+                                                       page, f"{page} as report.py writes it"))
+        print(f"\nreport: {', '.join(changed)} differ from what results/ gives: run python benchmarks/report.py",
               file=sys.stderr)
         return 1
-    with open(args.readme, "w") as f:
-        f.write(new)
-    print(f"report: rewrote {args.readme}")
+    for page in changed:
+        with open(os.path.join(args.root, page), "w") as f:
+            f.write(new[page])
+        print(f"report: rewrote {page}")
     return 0
 
 

@@ -11,7 +11,7 @@ LAYERS = {
     "zen._C": 0,
     "zen.ops": 1, "zen.wire": 1,
     "zen.geometry": 2, "zen.units": 2,
-    "zen.transport": 3, "zen.lane": 3, "zen.agreement": 3, "zen.topology": 3,
+    "zen.transport": 3, "zen.lane": 3, "zen.schedules": 3, "zen.agreement": 3, "zen.topology": 3,
     "zen.cost": 4,
     "zen.schemes": 5,
     "zen.measurement": 6,

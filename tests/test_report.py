@@ -1,4 +1,4 @@
-"""benchmarks/report.py: README's Results blocks are what results/ gives, and a block follows its file."""
+"""benchmarks/report.py: the pages' blocks are what results/ gives, and a block follows its file."""
 import json
 import os
 import re
@@ -26,10 +26,12 @@ def block(readme, name):
 
 @pytest.fixture
 def copy(tmp_path):
-    """A copy of README.md and results/, and report.py's options that point at it."""
-    shutil.copy(os.path.join(ROOT, "README.md"), tmp_path / "README.md")
+    """A copy of the pages and results/, and report.py's options that point at it."""
+    for page in ("README.md", "benchmarks/README.md", "docs/cost_model.md"):
+        os.makedirs((tmp_path / page).parent, exist_ok=True)
+        shutil.copy(os.path.join(ROOT, page), tmp_path / page)
     shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "results")
-    return tmp_path, ["--readme", str(tmp_path / "README.md"), "--results", str(tmp_path / "results")]
+    return tmp_path, ["--root", str(tmp_path), "--results", str(tmp_path / "results")]
 
 
 def test_readme_matches_results():
@@ -44,17 +46,17 @@ def test_a_json_figure_changes_its_block(copy):
     run["zen hook"]["median_ms"] = 123.456
     path.write_text(json.dumps(run))
     name = "bench_loopback_4,sparse_embedding_2,sparse_embedding_4"
-    before = (tmp / "README.md").read_text()
+    before = (tmp / "benchmarks" / "README.md").read_text()
     assert "123.5 ms" not in block(before, name)
 
     done = report("--check", *options)
     assert done.returncode == 1
     assert "+" in done.stdout and "123.5 ms with the hook" in done.stdout  # the diff shows the new figure
-    assert (tmp / "README.md").read_text() == before  # --check writes nothing
+    assert (tmp / "benchmarks" / "README.md").read_text() == before  # --check writes nothing
 
     done = report(*options)
     assert done.returncode == 0, done.stderr
-    after = (tmp / "README.md").read_text()
+    after = (tmp / "benchmarks" / "README.md").read_text()
     assert "123.5 ms with the hook" in block(after, name)
     # only that block changed: the text outside it, and every other block, is as it was
     outside = re.compile(rf"<!-- report:{re.escape(name)} -->\n.*?<!-- /report:{re.escape(name)} -->", re.S)
@@ -69,11 +71,11 @@ def test_a_printed_table_changes_its_block(copy):
     text = path.read_text()
     line = next(l for l in text.splitlines() if re.search(r"1\.00%\s+sparcml", l))
     path.write_text(text.replace(line, re.sub(r"\S+$", "0.55", line.replace("4.85", "2.83"))))
-    assert "sparcml 4.85 vs" in block((tmp / "README.md").read_text(), "memory")
+    assert "sparcml 4.85 vs" in block((tmp / "benchmarks" / "README.md").read_text(), "memory")
 
     assert report("--check", *options).returncode == 1
     assert report(*options).returncode == 0
-    memory = " ".join(block((tmp / "README.md").read_text(), "memory").split())
+    memory = " ".join(block((tmp / "benchmarks" / "README.md").read_text(), "memory").split())
     assert "sparcml 2.83 vs 5.15" in memory
     assert "between 0.55 (sparcml at 1%)" in memory
 
@@ -88,20 +90,20 @@ def test_a_sweep_row_changes_the_tables(copy):
             row["time_predicted"] = row["time_median"]
     path.write_text(json.dumps(rows))
     assert report(*options).returncode == 0
-    table = block((tmp / "README.md").read_text(), "sweep_accuracy")
+    table = block((tmp / "benchmarks" / "README.md").read_text(), "sweep_accuracy")
     dense = next(l for l in table.splitlines() if l.split()[:1] == ["dense"])
     assert dense.split()[1:] == ["0.0%", "0.0%", "0.0%", "+0.0%", "0.0%", "0.0%"]
-    runs = block((tmp / "README.md").read_text(), "sweep_accuracy#runs")
+    runs = block((tmp / "benchmarks" / "README.md").read_text(), "sweep_accuracy#runs")
     assert "- dense: 0.0, 0.0 and 0.0%." in runs
 
 
 def test_markers_are_checked(copy):
     tmp, options = copy
-    readme = (tmp / "README.md").read_text()
-    (tmp / "README.md").write_text(readme.replace("<!-- /report:memory -->\n", ""))
+    readme = (tmp / "benchmarks" / "README.md").read_text()
+    (tmp / "benchmarks" / "README.md").write_text(readme.replace("<!-- /report:memory -->\n", ""))
     done = report("--check", *options)
     assert done.returncode != 0 and "memory" in done.stderr
-    (tmp / "README.md").write_text(readme.replace("report:memory -->", "report:nosuchfile -->"))
+    (tmp / "benchmarks" / "README.md").write_text(readme.replace("report:memory -->", "report:nosuchfile -->"))
     done = report("--check", *options)
     assert done.returncode != 0 and "nosuchfile" in done.stderr
 

@@ -9,7 +9,7 @@ The package is layered; each layer imports only from the ones below it (tests/te
 
     1 kernels and formats   ops, wire
     2 shared geometry       geometry, units
-    3 transport, agreement  transport, lane, agreement, topology
+    3 transport, agreement  transport, lane, schedules, agreement, topology
     4 cost model            cost (model, terms, estimate)
     5 fixed schemes         schemes (registry, base, call, one module per scheme)
     6 measurement           measurement (store, timing, kernels, probe, calibration, workload)

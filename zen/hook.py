@@ -370,20 +370,18 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     Steps, alike on every rank:
 
     1. a bucket that top-k sparsifies (after ``warmup_steps``) goes to its scheme, its small parameters dense;
-    2. with ``scheme`` "zen" or "dense" (and ``hierarchy`` not "node"), a bucket whose plan says dense (:mod:`zen.bucket_plan`) and that is not
-       due a check is one all-reduce of its buffer, as plain DDP's, started at once;
+    2. with ``scheme`` "zen" or "dense" (and ``hierarchy`` not "node"), a bucket whose plan says dense
+       (:mod:`zen.bucket_plan`) and that is not due a check is one all-reduce of its buffer, as plain DDP's,
+       started at once;
     3. any other bucket is a job on the group's lane: a check where one is due, then the scheme where the
        check (or the plan) says it may pay, else the one all-reduce.
     """
     buffer = bucket.buffer()
     comm = state.comm()
-    scheme = state.scheme_instance()
     segments = bucket_segments(bucket, buffer)
     last = bucket.is_last() if hasattr(bucket, "is_last") else False
     # Read here, not on the lane: DDP waits for every bucket of a step before the next step's hooks run.
     step = state._totals.steps
-    if hasattr(bucket, "parameters"):  # ordinals from the first step's layout, DDP's initial one
-        state._note_parameters(bucket.parameters(), step)
     # A sparse (COO) bucket is sparse already: it is sent as it is.
     strided = buffer.layout == torch.strided
     sparsify = state.topk_ratio is not None and step >= state.warmup_steps and strided
@@ -393,13 +391,14 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
         start = time.perf_counter()
         buffer.div_(comm.world)
         stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
-
-        def done(summed):  # seconds from the start: they include waiting for the ranks' backward to meet
-            state._record(buffer, plans.dense_stats(buffer, comm), time.perf_counter() - start, last)
-            return summed.value()
-
-        future = comm.all_reduce_async(buffer, state.value_dtype, stream).then(done)
+        # seconds from the start: they include waiting for the ranks' backward to meet
+        future = comm.all_reduce_async(buffer, state.value_dtype, stream, lambda: state._record(
+            buffer, plans.dense_stats(buffer, comm), time.perf_counter() - start, last))
     else:
+        scheme = state.scheme_instance()
+        if hasattr(bucket, "parameters"):  # ordinals from the first step's layout, DDP's initial one
+            state._note_parameters(bucket.parameters(), step)
+
         def job():
             start = time.perf_counter()
             stats = {}

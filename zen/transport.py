@@ -1,5 +1,5 @@
-"""Transport: zen's private copy of a process group, its agreed seed, its ordered lane of work, the
-primitives every scheme is written in, and the cache of hash-bitmap index sets. Transport knows no scheme.
+"""Transport: zen's private copy of a process group, its agreed seed, its ordered lane of work, and the
+primitives every scheme is written in. Transport knows no scheme.
 
 Why a private group: zen runs collectives from a worker thread (so communication overlaps backward);
 sharing the user's group with the main thread (DDP's own collectives, the user's) could interleave
@@ -23,13 +23,12 @@ import datetime
 import os
 import threading
 import warnings
-from collections import OrderedDict
 from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from . import ops, wire
+from . import schedules, wire
 from .geometry import duplex_all_to_all
 from .lane import Lane
 
@@ -143,7 +142,6 @@ class Comm:
         dist.broadcast(seed, group_src=0, group=self.group)
         self.seed = int(seed.item())
         self._lane = Lane(f"zen-lane-{self.rank}")
-        self._index_sets = OrderedDict()
         self.row_choices = {}  # (segments, dtype) -> the block sizes agreed on their last call
         self.last_stats = {}
         self.agreements = 0  # agreement exchanges started on this rank (tells a pre-exchange failure apart)
@@ -200,11 +198,11 @@ class Comm:
         return fut
 
     def all_reduce_async(self, tensor: torch.Tensor, value_dtype: Optional[torch.dtype] = None,
-                         stream=None) -> torch.futures.Future:
+                         stream=None, on_done=None) -> torch.futures.Future:
         """``dist.all_reduce`` (sum) of ``tensor`` in place, started in the lane's order and not waited for:
         plain DDP's collective for a bucket, started from the calling thread where the lane is idle. The future
-        carries ``tensor`` once summed, or the failure as :class:`PeerError` (and the group is then broken
-        on this rank)."""
+        carries ``tensor`` once summed (after ``on_done()``, where given), or the failure as :class:`PeerError`
+        (and the group is then broken on this rank)."""
         result = torch.futures.Future()
 
         def finish(done: torch.futures.Future, low: torch.Tensor):
@@ -213,6 +211,8 @@ class Comm:
                     done.wait()
                 if low is not tensor:
                     tensor.copy_(low)
+                if on_done is not None:
+                    on_done()
                 result.set_result(tensor)
             except BaseException as error:  # noqa: B036  (the waiter re-raises it)
                 self.fail(error)
@@ -337,29 +337,40 @@ class Comm:
                    send_splits: List[int], largest: int) -> None:
         """Byte buffers: piece j of ``send`` (send_splits[j] bytes) goes to rank j, piece q of ``recv`` comes from
         rank q. ``largest``: the largest piece any rank sends to another in this all-to-all. It picks the
-        transport, so it must be the same on every rank (the schemes know every size from their agreement).
+        transport and the schedule (:mod:`zen.schedules`), so it must be the same on every rank (the schemes
+        know every size from their agreement).
 
-        On gloo, from ``DUPLEX_ALL_TO_ALL_BYTES`` on (``DUPLEX_PAIR_BYTES`` between two ranks:
-        :func:`duplex_all_to_all`), the pieces go as point-to-point messages over the two direction groups,
-        in a staggered order (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ... so no rank is
-        everyone's first peer)."""
-        if self.reverse_group is None or not duplex_all_to_all(self.world, largest):
+        "direct": on gloo, from ``DUPLEX_ALL_TO_ALL_BYTES`` on (``DUPLEX_PAIR_BYTES`` between two ranks:
+        :func:`duplex_all_to_all`), the pieces go as point-to-point messages over the two direction groups, all
+        at once in a staggered order (rank r sends to r+1, r+2, ... and receives from r-1, r-2, ...); smaller
+        ones as the backend's all-to-all. "pairwise": n-1 rounds of one message each way."""
+        schedule = schedules.choose(self.world, largest, gather=False)
+        if schedule == "direct" and (self.reverse_group is None or not duplex_all_to_all(self.world, largest)):
             with self.waiting_on("an all-to-all", self.others()):
                 dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
             return
         n, me = self.world, self.rank
         send_pieces, recv_pieces = wire.split(send, send_splits), wire.split(recv, recv_splits)
         recv_pieces[me].copy_(send_pieces[me])
-        sends = [((me + k) % n, send_pieces[(me + k) % n]) for k in range(1, n)]
-        recvs = [((me - k) % n, recv_pieces[(me - k) % n]) for k in range(1, n)]
-        self.exchange(sends, recvs)
+        rounds = schedules.pairwise_rounds(n, me)
+        if schedule == "direct":
+            self.exchange([(to, send_pieces[to]) for to, _ in rounds], [(q, recv_pieces[q]) for _, q in rounds])
+            return
+        for to, source in rounds:
+            self.exchange([(to, send_pieces[to])], [(source, recv_pieces[source])])
 
     def all_gather_bytes(self, recv: torch.Tensor, piece: torch.Tensor, recv_splits: List[int]) -> None:
         """Every rank's ``piece`` (uneven byte sizes, recv_splits[q] from rank q, the same list on every rank)
-        into ``recv``: an all-to-all of n copies of the piece, since no backend has an all-gather of uneven
-        sizes."""
-        self.all_to_all(recv, piece.repeat(self.world), recv_splits, [piece.numel()] * self.world,
-                        largest=max(recv_splits))
+        into ``recv``: no backend has an all-gather of uneven sizes, so a ring of n-1 rounds where
+        :func:`zen.schedules.choose` says so, else an all-to-all of n copies of the piece."""
+        n, me = self.world, self.rank
+        if schedules.choose(n, max(recv_splits), gather=True) != "ring":
+            self.all_to_all(recv, piece.repeat(n), recv_splits, [piece.numel()] * n, largest=max(recv_splits))
+            return
+        pieces = wire.split(recv, recv_splits)
+        pieces[me].copy_(piece)
+        for sent, received in schedules.ring_rounds(n, me):
+            self.exchange([((me + 1) % n, pieces[sent])], [((me - 1) % n, pieces[received])])
 
     def reduce_scatter(self, flat: torch.Tensor, bounds: List[int]) -> None:
         """The sum over the group of every rank's ``flat[bounds[q]:bounds[q + 1]]``, into that part of ``flat`` on
@@ -384,17 +395,6 @@ class Comm:
         piece = flat[bounds[me]:bounds[me + 1]].clone()
         self.all_gather_bytes(_as_bytes(flat), _as_bytes(piece),
                               [(bounds[q + 1] - bounds[q]) * size for q in range(self.world)])
-
-    # --- hash bitmap index sets -----------------------------------------------------------------------
-    def index_sets(self, numel: int, device) -> tuple:
-        """(sets, offsets) of I_j for tensors of ``numel`` elements, computed once per (numel, device)."""
-        key = (numel, str(device))
-        if key not in self._index_sets:
-            self._index_sets[key] = ops.bitmap_index_sets(numel, self.world, self.seed, device)
-            while len(self._index_sets) > 8:
-                self._index_sets.popitem(last=False)
-        self._index_sets.move_to_end(key)
-        return self._index_sets[key]
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:

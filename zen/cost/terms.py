@@ -4,6 +4,7 @@ notation). Pure functions; no collectives."""
 import math
 from typing import Sequence
 
+from .. import schedules
 from ..agreement import row_ints
 from ..geometry import duplex_all_to_all
 from .model import Profile, Workload
@@ -45,9 +46,14 @@ def alltoall(send: Sequence[float], recv: Sequence[float], largest: float, w: Wo
 
 
 def alltoall_bytes(send: Sequence[float], recv: Sequence[float], largest: float, w: Workload, p: Profile) -> float:
-    """max_r max(S_r, R_r) / b: :func:`alltoall` without its fixed cost (bytes that ride in another exchange)."""
+    """max_r max(S_r, R_r) / b: :func:`alltoall` without its fixed cost (bytes that ride in another exchange).
+    Where the exchange runs in rounds of one peer each way (``zen.schedules.choose``: pairwise, or a ring for
+    an all-gather, the same bytes), it adds n-2 more fixed costs of a point-to-point message and moves at the
+    pairwise rate b_p2p."""
     if w.n <= 1:
         return 0.0
+    if schedules.choose(w.n, largest, gather=False) == "pairwise":
+        return (w.n - 2) * p.fixed("p2p", w.n) + max(max(s, r) for s, r in zip(send, recv)) / p.rate("p2p")
     rate = p.rate("alltoall" if duplex_all_to_all(w.n, largest) else "alltoall_small")
     return max(max(s, r) for s, r in zip(send, recv)) / rate
 

@@ -24,6 +24,8 @@ each rank sends (n-1)/n * lambda * M d (s_i + s_v) bytes in the push and
 (n-1)/n * lambda * min(gamma M d (s_i + s_v), gamma M d s_v + M / 8) in the pull.
 """
 import math
+import weakref
+from collections import OrderedDict
 from typing import Dict, Optional
 
 import torch
@@ -38,6 +40,23 @@ from .base import Call, DenseData, Scheme
 # whole in the next such call's agreement (every rank sums the n copies): it saves the all-reduce's round for
 # (n-1) (1 - 2/n) M s_v more bytes than the ring, at most 16 KiB, about a round's latency at 1 Gbit/s.
 WHOLE_BYTES = 16 << 10
+
+
+_INDEX_SETS = weakref.WeakKeyDictionary()  # Comm -> OrderedDict (numel, device) -> (sets, offsets) of I_j
+_INDEX_SETS_KEPT = 8  # tensor sizes whose index sets a group keeps (each holds M int32/int64 indices)
+
+
+def index_sets(comm, numel: int, device) -> tuple:
+    """(sets, offsets) of the hash bitmap's index sets I_j = {i : h0(i) = j} of the group's seed for tensors of
+    ``numel`` elements, computed once per (numel, device) and kept for the last few sizes."""
+    cache = _INDEX_SETS.setdefault(comm, OrderedDict())
+    key = (numel, str(device))
+    if key not in cache:
+        cache[key] = ops.bitmap_index_sets(numel, comm.world, comm.seed, device)
+        while len(cache) > _INDEX_SETS_KEPT:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return cache[key]
 
 
 def check_settings(owner: str, num_probes, table_factor, serial_factor, dense_threshold) -> None:
@@ -274,7 +293,7 @@ class BalancedParallelism(Scheme):
         # |I_j| is about numel / n; look at the cached index sets only when the bitmap may win.
         if fmt == wire.COO or (fmt is None and wire.bitmap_bytes(count, numel // comm.world, sv) >= 1.25 * coo):
             return coo
-        sets, offsets = comm.index_sets(numel, device)
+        sets, offsets = index_sets(comm, numel, device)
         bitmap = wire.bitmap_bytes(count, int(offsets[j + 1] - offsets[j]), sv)
         return bitmap if fmt == wire.BITMAP else min(coo, bitmap)
 
@@ -282,7 +301,7 @@ class BalancedParallelism(Scheme):
     def _encode_pull(cls, comm, union_idx, union_val, numel, si, sv):
         me, count = comm.rank, union_idx.numel()
         if cls._pull_bytes(comm, count, me, numel, si, sv, union_idx.device) < wire.coo_bytes(count, si, sv):
-            sets, offsets = comm.index_sets(numel, union_idx.device)
+            sets, offsets = index_sets(comm, numel, union_idx.device)
             index_set = sets[offsets[me]:offsets[me + 1]]
             return wire.pack_bitmap(ops.bitmap_encode(union_idx, index_set), union_val), wire.BITMAP
         return wire.pack_coo(union_idx, union_val), wire.COO
@@ -303,7 +322,7 @@ class BalancedParallelism(Scheme):
             return wire.unpack_coo(buf, count, idx_dtype, val_dtype, width)
         if fmt != wire.BITMAP:
             raise ValueError(f"zen: corrupt pull header from rank {j}: unknown format {fmt}")
-        sets, offsets = comm.index_sets(numel, buf.device)
+        sets, offsets = index_sets(comm, numel, buf.device)
         index_set = sets[offsets[j]:offsets[j + 1]]
         bitmap, values = wire.unpack_bitmap(buf, count, index_set.numel(), val_dtype, width)
         return ops.bitmap_decode(bitmap, index_set, count), values

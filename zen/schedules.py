@@ -1,0 +1,58 @@
+"""Schedules of the exchanges whose messages differ per peer, as MPI libraries run them at scale: which peers
+a rank talks to in which round (Thakur, Rabenseifner and Gropp, IJHPCA 2005).
+
+    "direct"    every message posted at once: one round, but each rank receives from n-1 peers at the same
+                moment (on shallow switch buffers and shaped links, TCP incast)
+    "pairwise"  personalised all-to-all in n-1 rounds: in round k, rank r sends to r+k and receives from r-k,
+                one peer each way
+    "ring"      all-gather in n-1 rounds: in round k, rank r sends to r+1 the piece it received in round k-1
+                (its own first) and receives from r-1; bandwidth-optimal, one neighbour each way
+
+:func:`zen.transport.Comm.all_to_all` and :meth:`all_gather_bytes` pick one per call with :func:`choose`, from
+the world size and the call's largest piece, which every rank knows alike (the schemes size every message
+from their agreement). :func:`forced` fixes the choice, for tests and measurements.
+"""
+import contextlib
+from typing import List, Optional, Tuple
+
+from .geometry import duplex_all_to_all
+
+SCHEDULES = ("direct", "pairwise", "ring")
+# From this many ranks on, an exchange whose pieces go point to point (their size passes the duplex rule) runs
+# in rounds with one peer each way: below it the fan-in of n-1 flows costs less than n-2 rounds' latency.
+ROUNDS_FROM_RANKS = 12
+_forced: Optional[str] = None
+
+
+@contextlib.contextmanager
+def forced(schedule: Optional[str]):
+    """Run every exchange started inside with ``schedule`` (alike on every rank: each rank must force the same)."""
+    global _forced
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ValueError(f"schedules.forced: schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+    before, _forced = _forced, schedule
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def choose(n: int, largest: int, gather: bool) -> str:
+    """The schedule of an exchange of n ranks whose largest message is ``largest`` bytes: "direct" for small
+    pieces or few ranks, else "ring" for an all-gather (``gather``) and "pairwise" for an all-to-all."""
+    if _forced is not None:
+        return "pairwise" if _forced == "ring" and not gather else _forced
+    if n < ROUNDS_FROM_RANKS or not duplex_all_to_all(n, largest):
+        return "direct"
+    return "ring" if gather else "pairwise"
+
+
+def pairwise_rounds(n: int, me: int) -> List[Tuple[int, int]]:
+    """(peer sent to, peer received from) of each of the n-1 rounds of the pairwise exchange."""
+    return [((me + k) % n, (me - k) % n) for k in range(1, n)]
+
+
+def ring_rounds(n: int, me: int) -> List[Tuple[int, int]]:
+    """(piece sent, piece received) of each of the n-1 rounds of the ring all-gather: piece q is rank q's; a
+    rank sends to me+1 and receives from me-1."""
+    return [((me - k) % n, (me - k - 1) % n) for k in range(n - 1)]
