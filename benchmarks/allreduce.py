@@ -79,10 +79,17 @@ def build_parser():
     p.add_argument("--max-iters", type=int, default=41, help="at most this many timed calls of a short call")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bandwidth", default=None, help="emulated link rate, e.g. 1gbit (runs an emulated cluster, root)")
+    p.add_argument("--bandwidth-per-core", default=None,
+                   help="instead of --bandwidth: each rank gets this rate per core of this machine, a host's link "
+                        "rate x cores / ranks (e.g. 1gbit: 250 Mbit/s at 8 ranks on 2 cores); the wire, not the "
+                        "shared cores, then sets the time")
     p.add_argument("--latency", default="0ms", help="emulated one-way link latency, e.g. 0.1ms")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG here: speedup vs density, hash vs contiguous imbalance")
     p.add_argument("--no-predict", action="store_true", help="skip the cost model's prediction column")
+    p.add_argument("--schedule", default="auto", choices=["auto", "direct", "pairwise", "ring"],
+                   help="the exchanges' schedule (zen.schedules): auto chooses per call; the others force one for "
+                        "every exchange of every scheme (ring: the all-gathers; their all-to-alls pairwise)")
     p.add_argument("--from-env", action="store_true", help=argparse.SUPPRESS)  # one rank, launched by torchrun/cluster
     return p
 
@@ -328,7 +335,11 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "profile": None if profile is None else dataclasses.asdict(profile),
             "workload": None if workload is None else dataclasses.asdict(workload),
         })
+    link_bps = float(os.environ.get("ZEN_CLUSTER_BANDWIDTH_BPS") or "nan")  # set inside an emulated cluster
     for row in rows:
+        # The wire's floor: the time the host's link needs for the bytes its ranks send (a rank's mean, G ranks).
+        row["link_bps"] = link_bps
+        row["floor_s"] = row["bytes_sent"] * 8 * row["ranks_per_host"] / link_bps
         row["speedup_vs_dense"] = dense_median / row["time_median"] if dense_median else float("nan")
         row["local_vs_copy"] = local_ms(row) / copy_ms if row["phases_ms"] else float("nan")
     return rows
@@ -349,8 +360,11 @@ def format_table(rows):
             f"{'time ms':>9} {'(min':>8} {'max)':>8}" + (f" {'pred ms':>8}" if predicted else "")
             + f" {'algbw':>7} {'sent MB':>8} {'speedup':>7} {'#wrong':>6}")
     hosts = any(not math.isnan(r.get("host_tx_bytes", float("nan"))) for r in rows)
+    floors = any(not math.isnan(r.get("floor_s", float("nan"))) for r in rows)
     if hosts:
         head += f" {'host MB':>8}"
+    if floors:
+        head += f" {'floor ms':>8} {'eff':>5}"
     lines = []
     profiles = {json.dumps(r["profile"]) for r in rows if r.get("profile")}
     for text in sorted(profiles):
@@ -374,7 +388,8 @@ def format_table(rows):
                      f"{r['time_min'] * 1e3:>8.2f} {r['time_max'] * 1e3:>8.2f} "
                      + (f"{r['time_predicted'] * 1e3:>8.2f} " if predicted else "") + f"{r['algbw_GBps']:>7.2f} "
                      f"{r['bytes_sent'] / 1e6:>8.2f} {r['speedup_vs_dense']:>6.2f}x {r['wrong']:>6}"
-                     + (f" {r['host_tx_bytes'] / 1e6:>8.2f}" if hosts else ""))
+                     + (f" {r['host_tx_bytes'] / 1e6:>8.2f}" if hosts else "")
+                     + (f" {r['floor_s'] * 1e3:>8.2f} {r['floor_s'] / r['time_median']:>5.0%}" if floors else ""))
     phased = [r for r in rows if r.get("phases_ms")]
     if phased:
         lines += ["", "where the time goes (ms, mean over ranks of the per-phase medians; measured/predicted); b: the"
@@ -389,7 +404,14 @@ def format_table(rows):
 
 
 def bench(rank, world, args):
-    """One rank's whole run; returns the rows (rank 0's are printed)."""
+    """One rank's whole run, under --schedule where given; returns the rows (rank 0's are printed)."""
+    from zen import schedules
+
+    with schedules.forced(None if args.schedule == "auto" else args.schedule):
+        return _bench(rank, world, args)
+
+
+def _bench(rank, world, args):
     import zen
 
     show_zen_log(rank)
@@ -448,6 +470,10 @@ def plot(rows, path):
 
 
 def report(rows, args):
+    if args.bandwidth or args.bandwidth_per_core:
+        from launch import link_text
+
+        print(f"links: {link_text(args)}; floor: the time the link needs for a rank's bytes sent; eff: floor / time")
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
@@ -479,7 +505,10 @@ def check_args(parser, args) -> None:
         scheme, _, hierarchy = name.partition("@")
         if scheme not in zen.SCHEMES or hierarchy not in ("", "node"):
             parser.error(f"--schemes: unknown {name!r} (schemes: {', '.join(zen.SCHEMES)}, each with or without @node)")
-    if args.ranks_per_host > 1 and (not args.bandwidth or args.world % args.ranks_per_host):
+    if args.bandwidth and args.bandwidth_per_core:
+        parser.error("give --bandwidth or --bandwidth-per-core, not both")
+    emulated = args.bandwidth or args.bandwidth_per_core
+    if args.ranks_per_host > 1 and (not emulated or args.world % args.ranks_per_host):
         parser.error("--ranks-per-host needs --bandwidth (an emulated cluster) and must divide --world")
 
 
@@ -490,7 +519,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     check_args(parser, args)
     if not args.from_env:  # said at once: the ranks take seconds to start, and the first case probes the links
-        where = f"an emulated cluster at {args.bandwidth}" if args.bandwidth else "local gloo ranks over loopback"
+        from launch import link_text
+
+        emulated = args.bandwidth or args.bandwidth_per_core
+        where = f"an emulated cluster at {link_text(args)}" if emulated else "local gloo ranks over loopback"
         say(f"starting {args.world} ranks ({where}): each imports torch and joins the group, then rank 0 reports "
             "here as it goes")
     ranks = launch(args, bench, args, script=__file__, argv=argv, timeout=3600)

@@ -9,7 +9,8 @@ Three ways, picked from the parsed arguments:
 
     from the environment  ``args.from_env``: this process is one rank of a job launched by torchrun or by the
                           emulated cluster (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; gloo, env://)
-    emulated cluster      ``args.bandwidth``: root only; benchmarks/cluster.py's EmulatedCluster runs the same
+    emulated cluster      ``args.bandwidth`` (or ``args.bandwidth_per_core``: :func:`link_rate`): root only;
+                          benchmarks/cluster.py's EmulatedCluster runs the same
                           script with --from-env once per rank, each host in its own network namespace:
                           ``args.ranks_per_host`` ranks per host (1 where the script has no --ranks-per-host;
                           ``args.world`` must be a multiple of it), sharing the host's shaped link
@@ -74,7 +75,7 @@ def launch(args, fn, *fn_args, script=None, argv=None, timeout=3600, pg_timeout=
     """
     if getattr(args, "from_env", False):
         return _from_env(fn, fn_args)
-    if getattr(args, "bandwidth", None):
+    if getattr(args, "bandwidth", None) or getattr(args, "bandwidth_per_core", None):
         return _emulated_cluster(args, script, argv, cluster_timeout)
     from zen.local import run_ranks
 
@@ -97,6 +98,28 @@ def _from_env(fn, fn_args):
     return Launched(world, [result] + [None] * (world - 1))
 
 
+def link_rate(args):
+    """The emulated hosts' link rate of ``args``: --bandwidth, or --bandwidth-per-core's rate x cores / ranks x the
+    host's ranks (bits/s, or the text as given)."""
+    from cluster import parse_bits_per_second, per_core_rate
+
+    per_core = getattr(args, "bandwidth_per_core", None)
+    if not per_core:
+        return args.bandwidth
+    return per_core_rate(parse_bits_per_second(per_core), args.world, getattr(args, "ranks_per_host", 1))
+
+
+def link_text(args):
+    """How a table names its links: the rate, and the rule where it is per core."""
+    from cluster import format_bits_per_second
+
+    rate = link_rate(args)
+    if getattr(args, "bandwidth_per_core", None):
+        return (f"{format_bits_per_second(rate)} per host ({args.bandwidth_per_core} per core of this machine: "
+                f"rate x {os.cpu_count()} cores / {args.world} ranks)")
+    return str(rate)
+
+
 def _emulated_cluster(args, script, argv, timeout):
     """The same script with --from-env on every rank of an emulated cluster; their exit code comes back."""
     from cluster import EmulatedCluster
@@ -105,7 +128,7 @@ def _emulated_cluster(args, script, argv, timeout):
         raise ValueError("launch: the emulated cluster needs the script to run on every rank")
     argv = sys.argv[1:] if argv is None else argv
     cmd = [sys.executable, os.path.abspath(script), "--from-env"] + list(argv)
-    with EmulatedCluster(args.world, args.bandwidth, args.latency,
+    with EmulatedCluster(args.world, link_rate(args), args.latency,
                          ranks_per_host=getattr(args, "ranks_per_host", 1)) as cluster:
         codes = cluster.run(cmd, timeout=timeout)
     return Launched(args.world, exit_code=exit_code(codes, cluster.timed_out, cluster.first_failure))

@@ -104,7 +104,7 @@ class Results:
     def path(self, name):
         path = os.path.join(self.folder, name)
         if not os.path.exists(path):
-            raise SystemExit(f"report: {path} is missing (README's Results says which command writes it)")
+            raise SystemExit(f"report: {path} is missing (the page that shows it says which command writes it)")
         return path
 
     def json(self, stem):
@@ -441,7 +441,8 @@ def train_match(res):
 
 DENSE = ("dense_gpt_8x1gbit", "dense_gpt_8x1gbit_noclip", "dense_gpt_8x100mbit")
 HIERARCHY = ("hierarchy_text128_4x2_1gbit", "hierarchy_text128_4x2_100mbit")
-VARIANT_NAMES = {"plain": "plain DDP", "powersgd": "PowerSGD (rank 4)", "zen": "zen top-1%", "zen-global": "zen global top-1%",
+VARIANT_NAMES = {"plain": "plain DDP", "powersgd": "PowerSGD (rank 4)", "zen": "zen top-1%",
+                 "zen-global": "zen global top-1%",
                  "zen-mc": "zen top-1%, momentum correction"}
 
 
@@ -459,6 +460,35 @@ def dense_table(res):
                      f"{v['final_train_loss']:.3f} ({100 * v['train_gap']:+.1f}%)",
                      f"{v['final_eval_loss']:.3f} ({100 * v['eval_gap']:+.1f}%)", f"{v['step_median_s'] * 1e3:.0f}",
                      f"{v['cpu_floor_s'] * 1e3:.0f}", f"{v['speedup']:.2f}x",
+                     f"{v['bytes_per_step_after_warmup'] / 1e6:.2f}"]
+            lines.append("|" + "|".join(f" {c} " if c != "" else " " for c in cells) + "|")
+    return lines
+
+
+TOPK = ("topk_adamw_2", "topk_adamw_4", "topk_sgd_2", "topk_sgd_4")
+
+
+def topk_variant(name):
+    """'zen/0.1/ramp50' -> 'top-10%, ramp 50'; the plain names as VARIANT_NAMES."""
+    base, *options = name.split("/")
+    if not options:
+        return VARIANT_NAMES.get(name, name)
+    ratio = next((float(o) for o in options if o[0].isdigit()), 0.01)
+    ramp = next((o[4:] for o in options if o.startswith("ramp")), None)
+    return ("zen global" if base == "zen-global" else "zen") + f" top-{percent(ratio)}" + (f", ramp {ramp}" if ramp else "")
+
+
+def topk_table(res):
+    """benchmarks/dense_model.py, 200 steps on loopback: each top-k setting's final losses against plain DDP's."""
+    lines = ["| optimizer, ranks | variant | train loss (gap) | held-out loss (gap) | MB sent/rank/step |",
+             "|---|---|---|---|---|"]
+    for stem in TOPK:
+        run = res.json(stem)
+        where = f"{run['config']['optimizer']} (lr {run['config']['lr']:g}), {run['world']}"
+        for i, v in enumerate(run["variants"]):
+            cells = [where if i == 0 else "", topk_variant(v["variant"]),
+                     f"{v['final_train_loss']:.3f} ({100 * v['train_gap']:+.1f}%)",
+                     f"{v['final_eval_loss']:.3f} ({100 * v['eval_gap']:+.1f}%)",
                      f"{v['bytes_per_step_after_warmup'] / 1e6:.2f}"]
             lines.append("|" + "|".join(f" {c} " if c != "" else " " for c in cells) + "|")
     return lines
@@ -581,6 +611,7 @@ def hook_overhead(res):
 
 BLOCKS = {
     ",".join(HOOK): hook_overhead,
+    ",".join(TOPK): topk_table,
     "sweep_accuracy": sweep_accuracy,
     "sweep_accuracy#runs": sweep_accuracy_runs,
     "sweep_accuracy,sweep_heldout": sweep_heldout,

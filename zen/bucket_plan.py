@@ -5,9 +5,11 @@ A bucket is *checked* on its first call, when its layout changes (DDP rebuilds i
 step), and every :data:`RECHECK_STEPS` steps. A check is one agreement (:func:`zen.agreement.agree`): every
 rank's header, with the bucket's parameter shapes in its shape field (ranks whose buckets differ raise the same
 :class:`zen.MismatchError`), and, for a scheme that may send sparse, each row-size group's non-zero elements
-and rows. From those counts every rank computes the same lower bound of the bytes the scheme would send
-(:func:`sparse_may_pay`); where even that bound is not below a ring all-reduce's, the bucket is dense and its
-sum is one all-reduce. Else the scheme runs (with its own agreement and its dense switch).
+and rows, and this rank's last timed seconds of each way. From those every rank computes the same lower
+bound of the bytes the scheme would send (:func:`sparse_may_pay`); where even that bound is not below a ring
+all-reduce's, the bucket is dense and its sum is one all-reduce. Else time decides: each way is timed where it
+runs right after a check, and the faster by the slowest rank's seconds is kept (:func:`check`); the scheme
+then runs with its own agreement and its dense switch.
 
 Between checks a dense bucket is one all-reduce and nothing else, started at once where the group's lane is
 idle (:meth:`zen.transport.Comm.all_reduce_async`). A bucket the scheme ran becomes dense as soon as a call of it
@@ -39,16 +41,15 @@ RECHECK_STEPS = 16
 SMALL_PARAMETER = 4096
 
 
-def bucket_segments(bucket, buffer: torch.Tensor) -> Optional[List[Segment]]:
-    """The bucket's parameters as segments of its flat buffer: (offset, numel, row size), the row size the
+def bucket_segments(parameters: Optional[list], buffer: torch.Tensor) -> Optional[List[Segment]]:
+    """A bucket's ``parameters`` as segments of its flat buffer: (offset, numel, row size), the row size the
     parameter's trailing dims (numel / shape[0] for 2-D and more, 1 for a vector or a parameter of fewer than
     ``SMALL_PARAMETER`` elements). None where the bucket says nothing of its parameters or they do not tile
     the buffer (then the buffer's own shape decides)."""
-    parameters = getattr(bucket, "parameters", None)
     if parameters is None or buffer.layout != torch.strided:
         return None
     segments, offset = [], 0
-    for p in parameters():
+    for p in parameters:
         large = p.dim() > 1 and p.shape[0] and p.numel() >= SMALL_PARAMETER
         rows = p.numel() // p.shape[0] if large else 1
         segments.append((offset, p.numel(), rows))

@@ -211,6 +211,8 @@ class ZenState:
         so all of them are seen on the state's first step here: one first seen on a later step is another
         model's. A state counts one model's steps (top-k's warm-up and ramp follow them): with top-k that is
         a ValueError, without it a warning (the sums are right; summary() counts both models' steps)."""
+        if parameters[0] in self._ordinals and parameters[-1] in self._ordinals:
+            return  # a bucket seen before (DDP's buckets hold one model's parameters, noted together)
         for parameter in parameters:
             if parameter in self._ordinals:
                 continue
@@ -378,7 +380,8 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     """
     buffer = bucket.buffer()
     comm = state.comm()
-    segments = bucket_segments(bucket, buffer)
+    parameters = list(bucket.parameters()) if hasattr(bucket, "parameters") else None
+    segments = bucket_segments(parameters, buffer)
     last = bucket.is_last() if hasattr(bucket, "is_last") else False
     # Read here, not on the lane: DDP waits for every bucket of a step before the next step's hooks run.
     step = state._totals.steps
@@ -386,6 +389,8 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     strided = buffer.layout == torch.strided
     sparsify = state.topk_ratio is not None and step >= state.warmup_steps and strided
     planned = strided and not sparsify and state.scheme in ("zen", "dense") and state.hierarchy != "node"
+    if parameters:  # ordinals from the first step's layout, DDP's initial one
+        state._note_parameters(parameters, step)
     plans, layout = state.plans(), bucket_layout(buffer, segments)
     if planned and plans.dense_now(bucket.index(), layout, step):
         start = time.perf_counter()
@@ -396,8 +401,6 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
             buffer, plans.dense_stats(buffer, comm), time.perf_counter() - start, last))
     else:
         scheme = state.scheme_instance()
-        if hasattr(bucket, "parameters"):  # ordinals from the first step's layout, DDP's initial one
-            state._note_parameters(bucket.parameters(), step)
 
         def job():
             start = time.perf_counter()
