@@ -45,6 +45,12 @@ results: $(VENV)/.built
 	mv results/tmp/hook_overhead_2.txt results/hook_overhead_2.txt
 	$(PY) benchmarks/hook_overhead.py --world 4 --json results/hook_overhead_4.json > results/tmp/hook_overhead_4.txt
 	mv results/tmp/hook_overhead_4.txt results/hook_overhead_4.txt
+	for opt in adamw sgd; do for w in 2 4; do \
+	  variants=plain,zen,zen-global,zen/0.1/ramp50; \
+	  [ $$opt = adamw ] && variants=plain,zen,zen-global,zen/0.05/ramp50,zen/0.1/ramp50,zen/0.25/ramp50; \
+	  $(PY) benchmarks/dense_model.py --world $$w --steps 200 --optimizer $$opt --eval-every 50 --variants $$variants \
+	    --json results/topk_$${opt}_$$w.json > results/tmp/topk_$${opt}_$$w.txt && \
+	  mv results/tmp/topk_$${opt}_$$w.txt results/topk_$${opt}_$$w.txt || exit 1; done; done
 	$(PY) benchmarks/kernels.py --json results/kernels_cpu.json > results/tmp/kernels_cpu.txt
 	mv results/tmp/kernels_cpu.txt results/kernels_cpu.txt
 	{ echo '$$ python benchmarks/memory.py $(MEMORY_ARGS)'; echo; $(PY) benchmarks/memory.py $(MEMORY_ARGS); } > results/tmp/memory.txt
