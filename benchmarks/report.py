@@ -611,7 +611,28 @@ def hook_overhead(res):
     return lines
 
 
+SCALE = ("scale16_direct", "scale16_ring")
+
+
+def scale_table(res):
+    """benchmarks/allreduce.py at 16 emulated hosts with per-core links, once per forced schedule: every
+    scheme's time, bytes, the wire's floor for them and zen's two exchanges."""
+    lines = ["| schedule | scheme | time ms | vs dense | MB sent/rank | floor ms | efficiency | zen: agree + push, pull ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for stem in SCALE:
+        schedule = stem.rsplit("_", 1)[1]
+        for row in res.json(stem):
+            phases = row["phases_ms"]
+            zen = (f"{phases['agree'] + phases.get('push', 0):.0f}, {phases['pull']:.0f}"
+                   if row["scheme"] == "zen" else "")
+            lines.append(f"| {schedule} | {NAMES.get(row['scheme'], row['scheme'])} | {row['time_median'] * 1e3:.0f} "
+                         f"| {row['speedup_vs_dense']:.1f}x | {row['bytes_sent'] / 1e6:.2f} "
+                         f"| {row['floor_s'] * 1e3:.0f} | {row['floor_s'] / row['time_median']:.0%} | {zen} |")
+    return lines
+
+
 BLOCKS = {
+    ",".join(SCALE): scale_table,
     ",".join(HOOK): hook_overhead,
     ",".join(TOPK): topk_table,
     "sweep_accuracy": sweep_accuracy,
