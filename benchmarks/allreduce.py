@@ -87,9 +87,9 @@ def build_parser():
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG here: speedup vs density, hash vs contiguous imbalance")
     p.add_argument("--no-predict", action="store_true", help="skip the cost model's prediction column")
-    p.add_argument("--schedule", default="auto", choices=["auto", "direct", "pairwise", "ring"],
+    p.add_argument("--schedule", default="auto", choices=["auto", "direct", "pairwise", "ring", "bruck"],
                    help="the exchanges' schedule (zen.schedules): auto chooses per call; the others force one for "
-                        "every exchange of every scheme (ring: the all-gathers; their all-to-alls pairwise)")
+                        "every exchange of every scheme (ring, bruck: the all-gathers; the all-to-alls pairwise)")
     p.add_argument("--from-env", action="store_true", help=argparse.SUPPRESS)  # one rank, launched by torchrun/cluster
     return p
 

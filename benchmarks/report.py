@@ -611,7 +611,7 @@ def hook_overhead(res):
     return lines
 
 
-SCALE = ("scale16_direct", "scale16_ring")
+SCALE = ("scale16_direct", "scale16_ring", "scale16_bruck")
 
 
 def scale_table(res):

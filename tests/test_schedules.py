@@ -50,6 +50,7 @@ def test_every_schedule_is_exact(world):
         if world > 2:  # one peer each way per round; "direct" posts to every peer at once
             assert seen["pairwise"] and all(s <= 1 and r <= 1 for s, r in seen["pairwise"]), seen
             assert seen["ring"] and all(s <= 1 and r <= 1 for s, r in seen["ring"]), seen
+            assert seen["bruck"] and all(s <= 1 and r <= 1 for s, r in seen["bruck"]), seen
 
 
 def test_the_choice_needs_ranks_and_large_pieces():
@@ -62,7 +63,7 @@ def test_the_choice_needs_ranks_and_large_pieces():
     with schedules.forced("ring"):
         assert schedules.choose(2, 8, gather=True) == "ring" and schedules.choose(2, 8, gather=False) == "pairwise"
     with pytest.raises(ValueError, match="schedule must be one of"):
-        with schedules.forced("bruck"):
+        with schedules.forced("butterfly"):
             pass
 
 
@@ -78,3 +79,25 @@ def test_ring_and_pairwise_rounds_cover_every_peer_once():
             assert sorted(r for _, r in ring) == sorted(q for q in range(n) if q != me)
             # what a rank sends in round k is what it received in round k-1 (its own piece first)
             assert [s for s, _ in ring] == ([me] + [r for _, r in ring[:-1]] if n > 1 else [])
+
+
+def test_bruck_rounds_gather_every_piece_in_log_rounds():
+    """Simulated over all ranks: each round a rank sends only pieces it holds, exactly what its peer expects,
+    and after ceil(log2 n) rounds every rank holds every piece."""
+    import math
+
+    from zen import schedules
+
+    for n in range(1, 18):
+        held = [{r} for r in range(n)]
+        rounds = [schedules.bruck_rounds(n, r) for r in range(n)]
+        assert all(len(r) == math.ceil(math.log2(n)) for r in rounds)
+        for k in range(len(rounds[0])):
+            new = [set(h) for h in held]
+            for r in range(n):
+                to, source, sent, received = rounds[r][k]
+                assert set(sent) <= held[r]
+                assert rounds[source][k][0] == r and rounds[source][k][2] == received
+                new[r] |= set(received)
+            held = new
+        assert all(h == set(range(n)) for h in held), n

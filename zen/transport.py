@@ -361,16 +361,16 @@ class Comm:
 
     def all_gather_bytes(self, recv: torch.Tensor, piece: torch.Tensor, recv_splits: List[int]) -> None:
         """Every rank's ``piece`` (uneven byte sizes, recv_splits[q] from rank q, the same list on every rank)
-        into ``recv``: no backend has an all-gather of uneven sizes, so a ring of n-1 rounds where
-        :func:`zen.schedules.choose` says so, else an all-to-all of n copies of the piece."""
+        into ``recv``: no backend has an all-gather of uneven sizes, so a ring of n-1 rounds or Bruck's log2 n
+        rounds where :func:`zen.schedules.choose` says so, else an all-to-all of n copies of the piece."""
         n, me = self.world, self.rank
-        if schedules.choose(n, max(recv_splits), gather=True) != "ring":
+        schedule = schedules.choose(n, max(recv_splits), gather=True)
+        if schedule not in ("ring", "bruck"):
             self.all_to_all(recv, piece.repeat(n), recv_splits, [piece.numel()] * n, largest=max(recv_splits))
             return
         pieces = wire.split(recv, recv_splits)
         pieces[me].copy_(piece)
-        for sent, received in schedules.ring_rounds(n, me):
-            self.exchange([((me + 1) % n, pieces[sent])], [((me - 1) % n, pieces[received])])
+        schedules.all_gather_in_rounds(self.exchange, schedule, pieces, n, me)
 
     def reduce_scatter(self, flat: torch.Tensor, bounds: List[int]) -> None:
         """The sum over the group of every rank's ``flat[bounds[q]:bounds[q + 1]]``, into that part of ``flat`` on
