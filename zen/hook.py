@@ -1,10 +1,11 @@
 """The DDP communication hook: ``ddp_model.register_comm_hook(zen.ZenState(), zen.zen_hook)``.
 
-Each gradient bucket is averaged and summed over the group by a zen scheme on the group's lane (a worker
-thread), so communication overlaps the rest of backward; the hook returns the pending future at once.
-Buckets reach the lane in DDP's bucket order, the same on every rank, and the lane keeps that order.
+Each gradient bucket is averaged and summed over the group, and the hook returns the pending future at
+once, so communication overlaps the rest of backward. A bucket whose plan says dense (:mod:`zen.bucket_plan`)
+is one all-reduce of its buffer, as plain DDP's; any other runs a zen scheme on the group's lane (a worker
+thread). Both keep DDP's bucket order, the same on every rank.
 
-The hook finds rows without being told: each parameter of a bucket is a segment of the bucket's buffer
+Where a bucket goes by the scheme, the hook finds rows without being told: each parameter of a bucket is a segment of the bucket's buffer
 whose row size is its trailing dims (an embedding [V, D]: rows of D; a bias: elements). Per call and per
 row size, rows or elements are chosen alike on every rank (``zen.schemes.call.reduce_segments``), and the
 segments of one block size are reduced together, so a bucket's rounds of collectives grow with its
