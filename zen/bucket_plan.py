@@ -28,7 +28,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from . import agreement, ops
-from .cost.terms import dense_bytes
+from .cost.terms import balanced_bytes, dense_bytes
 from .geometry import index_size, rows_are_smaller
 from .hierarchy import POLICY
 from .schemes.call import Segment, call_header
@@ -96,14 +96,13 @@ def group_counts(flat: torch.Tensor, segments: Sequence[Segment]) -> List[int]:
 
 def sparse_may_pay(counts: torch.Tensor, segments: Sequence[Segment], value_size: int) -> bool:
     """Whether a sparse sum of the groups could send fewer bytes than a ring all-reduce of the whole bucket,
-    2 (n-1)/n M s_v, by a lower bound of what Balanced Parallelism sends (:func:`zen.cost.terms.balanced_bytes`
-    at gamma = 1 and no imbalance, the pull's union at least the largest rank's entries):
-
-        sum over groups  (n-1)/n (mean_r k_r e + min(U e, U b s_v + M_g / b / 8)),  U = max_r k_r
+    2 (n-1)/n M s_v, by a lower bound of what Balanced Parallelism sends: per group,
+    :func:`zen.cost.terms.balanced_bytes` with no imbalance and the pull's union the largest rank's entries,
+    U = max_r k_r (gamma = U / mean_r k_r).
 
     ``counts``: every rank's :func:`group_counts`, [n, 2 G]. Each group of row size b and M_g elements
-    travels as rows (k_r rows, e = b s_v + s_i bytes each) where that is smaller, else as elements (k_r
-    non-zeros, e = s_v + s_i)."""
+    travels as rows (k_r of M_g / b rows, b s_v values and an index each) where that is smaller, else as
+    elements (k_r of M_g)."""
     n = counts.shape[0]
     sizes = sorted({row for _, _, row in segments})
     total = sum(numel for _, numel, _ in segments)
@@ -111,13 +110,12 @@ def sparse_may_pay(counts: torch.Tensor, segments: Sequence[Segment], value_size
     for g, b in enumerate(sizes):
         numel = sum(m for _, m, row in segments if row == b)
         elements, rows = counts[:, 2 * g].tolist(), counts[:, 2 * g + 1].tolist()
-        if rows_are_smaller(sum(elements), sum(rows), b, numel, value_size):
-            k, entry, width = rows, b * value_size + index_size(numel // b), b
-        else:
-            k, entry, width = elements, value_size + index_size(numel), 1
-        union = max(k)
-        pull = min(union * entry, union * width * value_size + numel / width / 8.0)
-        sparse += (n - 1) / n * (sum(k) / n * entry + pull)
+        width = b if rows_are_smaller(sum(elements), sum(rows), b, numel, value_size) else 1
+        k, entries = (rows if width > 1 else elements), numel // width
+        if sum(k):
+            mean = sum(k) / n
+            sparse += balanced_bytes(entries, mean / entries, n, max(k) / mean, 1.0, index_size(entries),
+                                     width * value_size)
     return sparse < dense_bytes(total, n, value_size)
 
 
@@ -130,8 +128,8 @@ def check(comm: Comm, scheme, scheme_name: str, buffer: torch.Tensor, segments: 
           dense_threshold: Optional[float] = None) -> bool:
     """One check of a bucket (on the lane): the agreement, with every rank's counts and its last measured
     seconds of each way where the scheme may send sparse; sets ``plan.dense`` (the way of the steps to come) and
-    ``plan.may_pay``, and returns whether this call goes dense. Raises the same :class:`zen.MismatchError` on every rank where the ranks' buckets or settings
-    differ, or any rank cannot take part.
+    ``plan.may_pay``, and returns whether this call goes dense. Raises the same :class:`zen.MismatchError` on
+    every rank where the ranks' buckets or settings differ, or any rank cannot take part.
 
     With ``dense_threshold``, the bucket goes dense where its mean density exceeds it, and nothing is timed.
     Else, where sparse may pay (:func:`sparse_may_pay`), the ways are timed as they run right after a check's
@@ -194,17 +192,16 @@ class BucketPlans:
         return dict(dense=True, bytes_sent=dense_bytes(buffer.numel(), comm.world, size), hierarchy="flat",
                     block_size=1)
 
-    def run(self, comm: Comm, scheme, bucket, buffer: torch.Tensor, segments, layout: tuple, step: int,
-            stats: dict) -> None:
-        """A bucket's call on the lane, averaged already: a check where one is due, then its one all-reduce or
-        the scheme; the plan keeps what every rank saw alike, and this rank's seconds of the way that ran."""
-        plan = self._plans.get(bucket.index())
+    def run(self, comm: Comm, scheme, index: int, parameters: Optional[list], buffer: torch.Tensor, segments,
+            layout: tuple, step: int, stats: dict) -> None:
+        """Bucket ``index``'s call on the lane, averaged already: a check where one is due, then its one all-reduce
+        or the scheme; the plan keeps what every rank saw alike, and this rank's seconds of the way that ran."""
+        plan = self._plans.get(index)
         dense = plan.dense if plan is not None else True
         if is_due(plan, layout, step):  # sets plan.dense: the way of the steps to come
             if plan is None or plan.layout != layout:
-                plan = self._plans[bucket.index()] = BucketPlan(layout)
-            parameters = list(bucket.parameters()) if hasattr(bucket, "parameters") else []
-            shapes = tuple(tuple(p.shape) for p in parameters) or layout[3] or (buffer.numel(),)
+                plan = self._plans[index] = BucketPlan(layout)
+            shapes = tuple(tuple(p.shape) for p in parameters or ()) or layout[3] or (buffer.numel(),)
             dense = check(comm, scheme, self.scheme_name, buffer, segments or [(0, buffer.numel(), 1)], shapes,
                           self.value_dtype, self.hierarchy, plan, self.dense_threshold)
             plan.checked = step

@@ -393,10 +393,10 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     if parameters:  # ordinals from the first step's layout, DDP's initial one
         state._note_parameters(parameters, step)
     plans, layout = state.plans(), bucket_layout(buffer, segments)
+    stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
     if planned and plans.dense_now(bucket.index(), layout, step):
         start = time.perf_counter()
         buffer.div_(comm.world)
-        stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
         # seconds from the start: they include waiting for the ranks' backward to meet
         future = comm.all_reduce_async(buffer, state.value_dtype, stream, lambda: state._record(
             buffer, plans.dense_stats(buffer, comm), time.perf_counter() - start, last))
@@ -411,14 +411,13 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
             if sparsify:
                 _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
             elif planned:
-                plans.run(comm, scheme, bucket, buffer, segments, layout, step, stats)
+                plans.run(comm, scheme, bucket.index(), parameters, buffer, segments, layout, step, stats)
             else:
                 POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments,
                            value_dtype=state.value_dtype, hierarchy=state.hierarchy, local_size=state.local_size)
             state._record(buffer, stats, time.perf_counter() - start, last)
             return buffer
 
-        stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
         future = comm.submit(job, stream)
     if torch._C._current_graph_task_id() != -1:  # inside backward
         state._unended = [] if last else state._unended + [future]
