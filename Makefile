@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: bench test results sanitize cuda-check info clean
+.PHONY: bench test examples results sanitize cuda-check info clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,23 @@ $(VENV)/.built: $(VENV)/.torch $(SOURCES)
 	$(PY) -m pip install -q --no-build-isolation -e .
 	touch $@
 
+# The examples' frameworks, pinned (examples/requirements.txt: Lightning, Accelerate), into the test environment.
+# The constraint keeps pip from replacing torch (2.13.0+cpu satisfies torch==2.13.0).
+$(VENV)/.examples: $(VENV)/.torch examples/requirements.txt
+	echo torch==2.13.0 > $(VENV)/torch-constraint.txt
+	$(PY) -m pip install -q -r examples/requirements.txt -c $(VENV)/torch-constraint.txt
+	$(PY) -c "import torch; v = torch.__version__; assert v.split('+')[0] == '2.13.0', 'pip replaced torch: ' + v"
+	touch $@
+
 bench: $(VENV)/.built
 	$(PY) benchmarks/allreduce.py $(ARGS)
 
-test: $(VENV)/.built
+test: $(VENV)/.built $(VENV)/.examples
 	$(PY) -m pytest -q tests $(ARGS)
+
+# Each script of examples/ through its launcher (torchrun, Lightning's, accelerate launch), with its check.
+examples: $(VENV)/.built $(VENV)/.examples
+	$(PY) -m pytest -q tests/test_examples.py $(ARGS)
 
 # Every results/ file whose command needs no root, then the pages' blocks from results/ (benchmarks/report.py).
 # The emulated-cluster files (sweep_*, rows_*, train_*) need root: benchmarks/README.md gives their commands. Each .txt
