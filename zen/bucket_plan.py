@@ -11,8 +11,8 @@ all-reduce's, the bucket is dense and its sum is one all-reduce. Else time decid
 runs right after a check, and the faster by the slowest rank's seconds is kept (:func:`check`); the scheme
 then runs with its own agreement and its dense switch.
 
-Between checks a dense bucket is one all-reduce and nothing else, started at once where the group's lane is
-idle (:meth:`zen.transport.Comm.all_reduce_async`). A bucket the scheme ran becomes dense as soon as a call of it
+Between checks a dense bucket is one all-reduce and nothing else, started at once on the user's group from
+DDP's hook thread, as plain DDP's (:meth:`zen.transport.Comm.all_reduce_async`). A bucket the scheme ran becomes dense as soon as a call of it
 went dense whole (its dense switch decides from agreed counts, alike on every rank), and goes back to the
 scheme at the next check where its counts say sparse may pay.
 

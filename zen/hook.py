@@ -2,8 +2,8 @@
 
 Each gradient bucket is averaged and summed over the group, and the hook returns the pending future at
 once, so communication overlaps the rest of backward. A bucket whose plan says dense (:mod:`zen.bucket_plan`)
-is one all-reduce of its buffer, as plain DDP's; any other runs a zen scheme on the group's lane (a worker
-thread). Both keep DDP's bucket order, the same on every rank.
+is one all-reduce of its buffer on the user's group, as plain DDP's; any other runs a zen scheme on the
+group's lane (a worker thread). Both keep DDP's bucket order, the same on every rank.
 
 Where a bucket goes by the scheme, the hook finds rows without being told: each parameter of a bucket is a segment of the bucket's buffer
 whose row size is its trailing dims (an embedding [V, D]: rows of D; a bias: elements). Per call and per

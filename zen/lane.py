@@ -1,8 +1,7 @@
 """The lane: one worker thread per process group that runs zen's jobs in submission order.
 
 Every rank must issue its collectives on a group in the same order; a FIFO of jobs keeps the order in which
-they were submitted, and :meth:`Lane.run_in_order` lets a job that only starts collectives run at once on
-the calling thread when nothing is queued before it.
+they were submitted.
 """
 import queue
 import threading
@@ -16,8 +15,6 @@ class Lane:
 
     def __init__(self, name: str):
         self._jobs = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._pending = 0  # jobs submitted and not yet finished
         # OpenMP's thread count is per thread: the lane uses its creator's, or a new thread would spin up
         # every core and oversubscribe a machine shared by several ranks.
         self._threads = torch.get_num_threads()
@@ -30,27 +27,10 @@ class Lane:
             job = self._jobs.get()
             if job is None:
                 return
-            try:
-                job()
-            finally:
-                with self._lock:
-                    self._pending -= 1
+            job()
 
     def submit(self, job) -> None:
-        with self._lock:
-            self._pending += 1
-            self._jobs.put(job)
-
-    def run_in_order(self, job) -> None:
-        """Run ``job()`` after every job submitted before: at once on the calling thread where none is queued or
-        running (under the lane's lock, so none starts meanwhile), else as the lane's next job. For a job that
-        only starts collectives and does not wait for them: the order of starting is what ranks share."""
-        with self._lock:
-            if self._pending == 0 or self.is_current():
-                job()
-                return
-            self._pending += 1
-            self._jobs.put(job)
+        self._jobs.put(job)
 
     def is_current(self) -> bool:
         """Whether the calling thread is this lane's (a job, or a callback of a job's future)."""

@@ -3,7 +3,8 @@ primitives every scheme is written in. Transport knows no scheme.
 
 Why a private group: zen runs collectives from a worker thread (so communication overlaps backward);
 sharing the user's group with the main thread (DDP's own collectives, the user's) could interleave
-differently on different ranks. Its timeout is the user's group's (or the one given to ``ZenState``), so
+differently on different ranks. (A bucket that the hook sums by one all-reduce goes on the user's group,
+started from DDP's hook thread as plain DDP's: :meth:`Comm.all_reduce_async`.) Its timeout is the user's group's (or the one given to ``ZenState``), so
 a dead or stalled peer surfaces within the timeout the user chose. On gloo there are two such groups: gloo
 carries a pair's messages on one socket and moves them one direction at a time, so zen sends from the lower
 group rank to the higher on one group and back on the other (a pair then exchanges at the full link rate
@@ -200,10 +201,12 @@ class Comm:
 
     def all_reduce_async(self, tensor: torch.Tensor, value_dtype: Optional[torch.dtype] = None,
                          stream=None, on_done=None) -> torch.futures.Future:
-        """``dist.all_reduce`` (sum) of ``tensor`` in place, started in the lane's order and not waited for:
-        plain DDP's collective for a bucket, started from the calling thread where the lane is idle. The future
-        carries ``tensor`` once summed (after ``on_done()``, where given), or the failure as :class:`PeerError`
-        (and the group is then broken on this rank)."""
+        """``dist.all_reduce`` (sum) of ``tensor`` in place on the *user's* group, started at once from the
+        calling thread and not waited for: plain DDP's collective for a bucket. For DDP's hook thread only,
+        which starts its buckets in the same order on every rank, as plain DDP's own all-reduce does (zen's
+        private groups and lane are then left to the calls that need them). The future carries ``tensor``
+        once summed (after ``on_done()``, where given), or the failure as :class:`PeerError` (and the group is
+        then broken on this rank)."""
         result = torch.futures.Future()
 
         def finish(done: torch.futures.Future, low: torch.Tensor):
@@ -219,18 +222,15 @@ class Comm:
                 self.fail(error)
                 result.set_exception(error)
 
-        def start():
-            try:
-                self.check_usable()
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    low = tensor if value_dtype in (None, tensor.dtype) else tensor.to(value_dtype)
-                    work = dist.all_reduce(low, group=self.group, async_op=True)
-            except BaseException as error:  # noqa: B036
-                result.set_exception(error)
-                return
-            work.get_future().add_done_callback(lambda done: finish(done, low))
-
-        self._lane.run_in_order(start)
+        try:
+            self.check_usable()
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                low = tensor if value_dtype in (None, tensor.dtype) else tensor.to(value_dtype)
+                work = dist.all_reduce(low, group=self.user_group, async_op=True)
+        except BaseException as error:  # noqa: B036
+            result.set_exception(error)
+            return result
+        work.get_future().add_done_callback(lambda done: finish(done, low))
         return result
 
     # --- failure state --------------------------------------------------------------------------------
