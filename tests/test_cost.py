@@ -501,7 +501,12 @@ def test_planner_json_and_gradients(tmp_path, capsys):
 
 
 def test_planner_rejects_bad_input(capsys):
-    with pytest.raises(SystemExit):
+    """argparse's error exit (status 2), naming what is wrong; an exit(0) or a bare exit would not do."""
+    with pytest.raises(SystemExit) as exited:
         main(["--embedding", "100x", "--batch-tokens", "5", "--world", "2", "--bandwidth", "1gbit", "--latency", "1us"])
-    with pytest.raises(SystemExit):
+    assert exited.value.code == 2
+    assert "error: --embedding '100x': expected ROWSxDIM" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
         main(["--world", "2", "--bandwidth", "1gbit", "--latency", "1us"])
+    assert exited.value.code == 2
+    assert "error: give --embedding ROWSxDIM (with --batch-tokens) or --gradient FILE.pt" in capsys.readouterr().err

@@ -78,8 +78,9 @@ def _detect(rank, world, env):
     found = comm.submit(lambda: POLICY.topology(comm, None)).wait()
     given = comm.submit(lambda: POLICY.topology(comm, 3)).wait()
     x = torch.full((10,), 0.5 * (rank + 1))
-    zen.all_reduce(x, hierarchy="auto")  # one host: auto runs flat
-    return found, given, zen.transport.get_comm().last_stats.get("hierarchy", "flat")
+    stats = {}
+    zen.all_reduce(x, hierarchy="auto", stats=stats)  # one host: auto runs flat
+    return found, given, stats["hierarchy"]
 
 
 def _torchrun_env(rank):
@@ -96,6 +97,7 @@ def test_detects_nodes():
         assert given.nodes == ((0, 1, 2), (3,)) and given.local_size is None
     for found, _, mode in run_ranks(3, _detect, _no_env):
         assert found.nodes == ((0, 1, 2),) and found.source == "hostname"
+        assert mode == "flat"  # one host: auto runs flat, untimed
 
 
 def _unequal(rank, world):
