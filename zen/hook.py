@@ -374,8 +374,8 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
 
     1. a bucket that top-k sparsifies (after ``warmup_steps``) goes to its scheme, its small parameters dense;
     2. with ``scheme`` "zen" or "dense" (and ``hierarchy`` not "node"), a bucket whose plan says dense
-       (:mod:`zen.bucket_plan`) and that is not due a check is one all-reduce of its buffer, as plain DDP's,
-       started at once;
+       (:mod:`zen.bucket_plan`) and that is not due a check is one all-reduce of its buffer on the user's
+       group, as plain DDP's, started at once (where that group's timeout is not longer than the state's);
     3. any other bucket is a job on the group's lane: a check where one is due, then the scheme where the
        check (or the plan) says it may pay, else the one all-reduce.
     """
@@ -394,7 +394,8 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
         state._note_parameters(parameters, step)
     plans, layout = state.plans(), bucket_layout(buffer, segments)
     stream = torch.cuda.current_stream(buffer.device) if buffer.is_cuda else None
-    if planned and plans.dense_now(bucket.index(), layout, step):
+    # On the user's group only where its timeout is within ZenState(timeout=)'s; else on the lane, as below.
+    if planned and comm.user_group_in_time() and plans.dense_now(bucket.index(), layout, step):
         start = time.perf_counter()
         buffer.div_(comm.world)
         # seconds from the start: they include waiting for the ranks' backward to meet

@@ -3,8 +3,7 @@ primitives every scheme is written in. Transport knows no scheme.
 
 Why a private group: zen runs collectives from a worker thread (so communication overlaps backward);
 sharing the user's group with the main thread (DDP's own collectives, the user's) could interleave
-differently on different ranks. (A bucket that the hook sums by one all-reduce goes on the user's group,
-started from DDP's hook thread as plain DDP's: :meth:`Comm.all_reduce_async`.) Its timeout is the user's group's (or the one given to ``ZenState``), so
+differently on different ranks (a dense bucket's all-reduce from DDP's hook thread is the exception). Its timeout is the user's group's (or the one given to ``ZenState``), so
 a dead or stalled peer surfaces within the timeout the user chose. On gloo there are two such groups: gloo
 carries a pair's messages on one socket and moves them one direction at a time, so zen sends from the lower
 group rank to the higher on one group and back on the other (a pair then exchanges at the full link rate
@@ -88,8 +87,7 @@ def _private_group(group, ranks: List[int], backend, timeout, suffix: str = "") 
     zen groups in any order, from any thread (each creation talks to the store on a connection of its own).
     (``dist.new_group(use_local_synchronization=True)`` names a group after how many groups the calling
     process made before, so ranks whose first zen calls on overlapping groups come in different orders would
-    wait on different names until the timeout.) Falls back to that public call
-    where this torch lacks the helper, with a warning (once), since the fallback can hang as said."""
+    wait on different names.) Falls back to that call where torch lacks the helper, with a warning (once)."""
     global _warned_fallback
     c10d = dist.distributed_c10d
     try:
@@ -130,12 +128,13 @@ class Comm:
             ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
         self.backend = dist.get_backend(group)
         self.timeout = _as_timedelta(timeout) or group_timeout(group)
+        self.user_timeout = group_timeout(group)
         self.group = _private_group(group, ranks, self.backend, self.timeout, suffix)
         # gloo: messages from a higher to a lower group rank go on a second group (see the module docstring).
         self.reverse_group = (_private_group(group, ranks, self.backend, self.timeout, suffix + ":reverse")
                               if self.backend == "gloo" else None)
         if suffix:  # a sub-group: its profile is its own (zen.measurement.store keys profiles by user_group)
-            self.user_group = self.group
+            self.user_group, self.user_timeout = self.group, self.timeout
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
@@ -202,11 +201,9 @@ class Comm:
     def all_reduce_async(self, tensor: torch.Tensor, value_dtype: Optional[torch.dtype] = None,
                          stream=None, on_done=None) -> torch.futures.Future:
         """``dist.all_reduce`` (sum) of ``tensor`` in place on the *user's* group, started at once from the
-        calling thread and not waited for: plain DDP's collective for a bucket. For DDP's hook thread only,
-        which starts its buckets in the same order on every rank, as plain DDP's own all-reduce does (zen's
-        private groups and lane are then left to the calls that need them). The future carries ``tensor``
-        once summed (after ``on_done()``, where given), or the failure as :class:`PeerError` (and the group is
-        then broken on this rank)."""
+        calling thread: plain DDP's collective for a bucket, for DDP's hook thread only (it starts buckets in
+        the same order on every rank). Only where :meth:`user_group_in_time`. The future carries ``tensor``
+        once summed (after ``on_done()``), or the failure as :class:`PeerError` (the group then broken)."""
         result = torch.futures.Future()
 
         def finish(done: torch.futures.Future, low: torch.Tensor):
@@ -268,6 +265,10 @@ class Comm:
             raise PeerError(f"zen: {what} failed on rank {dist.get_rank()} (group rank {self.rank}); {cause}. "
                             f"Backend error: {type(error).__name__}: {text}", ranks) from error
 
+    def user_group_in_time(self) -> bool:
+        """Whether the user's group times out within zen's timeout (a collective on it fails as soon)."""
+        return self.timeout is None or (self.user_timeout is not None and self.user_timeout <= self.timeout)
+
     def others(self) -> List[int]:
         return [q for q in range(self.world) if q != self.rank]
 
@@ -309,8 +310,7 @@ class Comm:
 
     def exchange(self, sends: List[Tuple[int, torch.Tensor]], recvs: List[Tuple[int, torch.Tensor]]) -> None:
         """Point-to-point: send each (group rank, tensor) of ``sends`` and fill each of ``recvs``, all posted at
-        once. Empty tensors are not sent (both sides know). Sender and receiver must agree on each message's
-        byte size (not on its dtype).
+        once; empty tensors are not sent. Sender and receiver agree on each message's byte size (not dtype).
 
         On gloo each direction of a pair has its own group (one group would move the pair's two messages one
         direction at a time); elsewhere they go as one ``batch_isend_irecv`` (so NCCL can pair them)."""
