@@ -82,6 +82,11 @@ def link(bandwidth):
     return f"{m.group(1)} {m.group(2).upper()}bit/s" if m else bandwidth
 
 
+def bits(bps):
+    """125e6 -> '125 Mbit/s'."""
+    return f"{bps / 1e9:.3g} Gbit/s" if bps >= 1e9 else f"{bps / 1e6:.3g} Mbit/s"
+
+
 def rate(bandwidth):
     m = re.fullmatch(r"([\d.]+)([kmg])bit", bandwidth)
     return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] if m else float("inf")
@@ -631,8 +636,58 @@ def scale_table(res):
     return lines
 
 
+WEAK = tuple(f"weak_text64_{n}" for n in (2, 4, 8, 16))
+SCHEME_ORDER = ("dense", "agsparse", "sparcml", "omnireduce", "zen")
+
+
+def weak_table(res):
+    """benchmarks/allreduce.py at 2 to 16 emulated hosts with per-core links (the same text gradient per rank):
+    every scheme's time and its efficiency (the wire's floor for its own bytes / time)."""
+    lines = ["| ranks | link | " + " | ".join(NAMES.get(s, s) for s in SCHEME_ORDER) + " | zen vs best other |",
+             "|---" * (3 + len(SCHEME_ORDER)) + "|"]
+    for stem in WEAK:
+        rows = {row["scheme"]: row for row in res.json(stem)}
+        any_row = next(iter(rows.values()))
+        cells = [f"{rows[s]['time_median'] * 1e3:.0f} ms ({rows[s]['floor_s'] / rows[s]['time_median']:.0%})"
+                 if s in rows else "-" for s in SCHEME_ORDER]
+        best = min(r["time_median"] for s, r in rows.items() if s != "zen")
+        lines.append(f"| {any_row['world']} | {bits(any_row['link_bps'])} | " + " | ".join(cells)
+                     + f" | {best / rows['zen']['time_median']:.2f}x |")
+    return lines
+
+
+SIMULATED = ("simulate_text64", "simulate_text64_10gbit")
+
+
+def simulated_table(res):
+    """benchmarks/simulate.py: its validation against the measured cells, then every scheme simulated to 1024
+    ranks, under the emulation's rule and on a datacenter's links."""
+    checked = res.json(SIMULATED[0])
+    lines = ["| ranks | scheme | measured ms | simulated ms | error |", "|---|---|---|---|---|"]
+    for c in checked["validation"]:
+        lines.append(f"| {c['world']} | {NAMES.get(c['scheme'], c['scheme'])} | {c['measured_s'] * 1e3:.1f} "
+                     f"| {c['simulated_s'] * 1e3:.1f} | {100 * c['error']:+.0f}% |")
+    lines += ["", "MAPE per scheme: " + ", ".join(f"{NAMES.get(s, s)} {m:.0f}%" for s, m in checked["mape"].items())]
+    for stem in SIMULATED:
+        run = res.json(stem)
+        words = run["command"].split()
+        shown = [w for i, w in enumerate(words) if not (w.startswith("results/") or words[i - 1] in ("--json", "--plot")
+                                                       or w in ("--json", "--plot", "--validate"))]
+        lines += ["", f"`python {' '.join(shown)}`", "",
+                  "| ranks | link | gamma | " + " | ".join(f"{NAMES.get(s, s)} ms" for s in SCHEME_ORDER)
+                  + " | zen vs best other |", "|---" * (4 + len(SCHEME_ORDER)) + "|"]
+        for row in run["rows"]:
+            t = row["times"]
+            best = min(v for s, v in t.items() if s != "zen")
+            lines.append(f"| {row['world']} | {bits(row['link_Bps'] * 8)} | {row['gamma']:.1f} | "
+                         + " | ".join(f"{t[s] * 1e3:.1f}" for s in SCHEME_ORDER) + f" | {best / t['zen']:.2f}x |")
+    return lines
+
+
 BLOCKS = {
     ",".join(SCALE): scale_table,
+    ",".join(WEAK): weak_table,
+    ",".join(SIMULATED): simulated_table,
     ",".join(HOOK): hook_overhead,
     ",".join(TOPK): topk_table,
     "sweep_accuracy": sweep_accuracy,
