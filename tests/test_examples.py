@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from tests.distributed import free_port
+from distributed import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)

@@ -49,6 +49,7 @@ from .measurement.store import cached_profile, set_profile
 from .measurement.timing import call_seconds, clock_id
 from .measurement.workload import measure_now
 from .schemes import Call, Scheme, registered
+from .schemes.base import phase_range
 
 
 class _History:
@@ -112,8 +113,8 @@ class Auto(Scheme):
         found = []
 
         def coo():
-            found.append(ops.nonzero_rows(flat, call.block_size))
-            call.mark("scan")
+            with call.phase("scan", self.name):
+                found.append(ops.nonzero_rows(flat, call.block_size))
             return found[0] + (True,)
 
         name = self._pick(call, key, coo)
@@ -192,9 +193,10 @@ class Auto(Scheme):
             return rows
 
         try:
-            workload, profile = measure_now(comm, agree, indices, values, numel, dense_input,
-                                            -(-self.block_size // width), own, probe=lambda: probe_now(comm),
-                                            row_choice=call.choosing)
+            with phase_range(self.name, "measure"):
+                workload, profile = measure_now(comm, agree, indices, values, numel, dense_input,
+                                                -(-self.block_size // width), own, probe=lambda: probe_now(comm),
+                                                row_choice=call.choosing)
         except _Unprofiled:
             names = self._candidates(agreed[0][:, 1].tolist(), numel, values, dense_input)
             history.window, history.timings, history.by_trials, history.pruned = [], {}, True, False
@@ -237,7 +239,8 @@ class Auto(Scheme):
         if not call.stats["auto"].get("trial"):
             return
         end = time.perf_counter()
-        rows = call.comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
+        with phase_range(self.name, "trial_time"):
+            rows = call.comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
         seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows],
                                [row[0] for row in rows])[0] / 1e9
         history = self._history[(call.comm,) + key]

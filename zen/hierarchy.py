@@ -45,6 +45,7 @@ import torch
 from . import agreement, ops
 from .agreement import HIERARCHIES, MismatchError, Problem
 from .measurement.timing import call_seconds, clock_id
+from .schemes.base import phase_range
 from .schemes.call import Segment, call_header, decide_rows, run_call, scan_rows, segment_entries
 from .hierarchy_coo import node_sparse
 from .hierarchy_strided import node_strided, shard_segments
@@ -172,7 +173,8 @@ class Hierarchy:
     def _timed(self, comm: Comm, key, mode: str, start: float, stats: Optional[dict]) -> None:
         """Record a trial call's time on the group (the same on every rank); after the last, pick."""
         end = time.perf_counter()
-        rows = comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
+        with phase_range("hierarchy", "trial_time"):
+            rows = comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
         seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows], [row[0] for row in rows])[0] / 1e9
         history = self._trials[key]
         history.times[mode].append(seconds)
@@ -211,12 +213,14 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
     scan = None
     if not detail and tensor.layout == torch.strided and tensor.numel():
         try:
-            scan = Scan(tensor, segments, block_size)
+            with phase_range(name, "node_scan"):
+                scan = Scan(tensor, segments, block_size)
         except Exception as error:  # told to the node in its agreement, so every rank raises alike
             header[-1] = Problem.FAILED_BEFORE_EXCHANGE
             detail = f"{type(error).__name__}: {error}"
     try:
-        rows = agreement.agree(intra, header, scan.counts if scan else [], detail, shape, name)
+        with phase_range(name, "intra_agree"):
+            rows = agreement.agree(intra, header, scan.counts if scan else [], detail, shape, name)
     except MismatchError as error:
         # This node cannot go on; the other nodes learn it in their cross step's agreement, whose row holds a
         # short text (n + 8 int64s): the message without its preamble and the explanations in parentheses.

@@ -6,6 +6,7 @@ from typing import Sequence
 import torch
 
 from . import wire
+from .schemes.base import phase_range
 from .schemes.call import Segment, run_call
 from .transport import Comm
 
@@ -84,56 +85,59 @@ def node_strided(intra: Comm, cross: Comm, tensor, scan, scheme, name, stats, al
     lo, hi = bounds[me], bounds[me + 1]
     sizes = sorted(set(scan.blocks))
     t0 = time.perf_counter()
-    if scan.sparse:  # each rank's entries of shard j to local rank j, which adds them to its own
-        mine = scan.entries()
-        send, send_splits, counts = _pack(mine, bounds)
-        matrix = intra.all_gather_rows(counts).view(g, g, -1)  # [sender, owner, block size]
-        recv_counts = [matrix[q, me].tolist() for q in range(g)]
-        recv_splits = [_packed_bytes(row, sizes, flat.element_size()) for row in recv_counts]
-        largest = max(_packed_bytes(matrix[q, j].tolist(), sizes, flat.element_size())
-                      for q in range(g) for j in range(g))
-        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=flat.device)
-        with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
-            intra.all_to_all(recv, send, recv_splits, send_splits, largest)
-        touched = [starts[(starts >= lo) & (starts < hi)] for starts, _ in mine.values()]
-        for q, piece in enumerate(wire.split(recv, recv_splits)):
-            if q != me:
-                for b, starts, values in _unpack(piece, recv_counts[q], sizes, flat.dtype):
-                    flat.index_add_(0, _positions(starts, b), values.reshape(-1))
-                    touched.append(starts)
-        intra_bytes = sum(send_splits) - send_splits[me]
-    else:
-        with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
-            intra.reduce_scatter(flat, bounds)
-        intra_bytes = (flat.numel() - (hi - lo)) * flat.element_size()
+    with phase_range(name, "intra_reduce_scatter"):
+        if scan.sparse:  # each rank's entries of shard j to local rank j, which adds them to its own
+            mine = scan.entries()
+            send, send_splits, counts = _pack(mine, bounds)
+            matrix = intra.all_gather_rows(counts).view(g, g, -1)  # [sender, owner, block size]
+            recv_counts = [matrix[q, me].tolist() for q in range(g)]
+            recv_splits = [_packed_bytes(row, sizes, flat.element_size()) for row in recv_counts]
+            largest = max(_packed_bytes(matrix[q, j].tolist(), sizes, flat.element_size())
+                          for q in range(g) for j in range(g))
+            recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=flat.device)
+            with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
+                intra.all_to_all(recv, send, recv_splits, send_splits, largest)
+            touched = [starts[(starts >= lo) & (starts < hi)] for starts, _ in mine.values()]
+            for q, piece in enumerate(wire.split(recv, recv_splits)):
+                if q != me:
+                    for b, starts, values in _unpack(piece, recv_counts[q], sizes, flat.dtype):
+                        flat.index_add_(0, _positions(starts, b), values.reshape(-1))
+                        touched.append(starts)
+            intra_bytes = sum(send_splits) - send_splits[me]
+        else:
+            with intra.waiting_on("a reduce-scatter inside the node", intra.others()):
+                intra.reduce_scatter(flat, bounds)
+            intra_bytes = (flat.numel() - (hi - lo)) * flat.element_size()
     t1 = time.perf_counter()
-    parts = shard_segments(scan.segments, lo, hi) if block_size is None else None
-    # The shard's non-zero rows are among those the node's entries touched: found there, not by a scan.
-    scanned = _touched_rows(flat, lo, parts, torch.cat(touched)) if scan.sparse and parts else None
-    run_call(cross, flat[lo:hi], scheme, name, stats, allowed, block_size, parts or None, value_dtype=value_dtype,
-             whole=tensor, scanned=scanned, hierarchy=setting)
+    with phase_range(name, "cross"):
+        parts = shard_segments(scan.segments, lo, hi) if block_size is None else None
+        # The shard's non-zero rows are among those the node's entries touched: found there, not by a scan.
+        scanned = _touched_rows(flat, lo, parts, torch.cat(touched)) if scan.sparse and parts else None
+        run_call(cross, flat[lo:hi], scheme, name, stats, allowed, block_size, parts or None, value_dtype=value_dtype,
+                 whole=tensor, scanned=scanned, hierarchy=setting)
     t2 = time.perf_counter()
-    if scan.sparse:  # the summed shards' entries to every rank, which clears its own entries of the others first
-        summed = scan.entries(lo, hi, rescan=True)
-        piece, _, counts = _pack(summed, [lo, hi])
-        rows = intra.all_gather_rows(counts).tolist()
-        splits = [_packed_bytes(row, list(summed), flat.element_size()) for row in rows]
-        gathered = torch.empty(sum(splits), dtype=torch.uint8, device=flat.device)
-        with intra.waiting_on("an all-gather inside the node", intra.others()):
-            intra.all_gather_bytes(gathered, piece, splits)
-        for b, (starts, _) in mine.items():
-            outside = (starts < lo) | (starts >= hi)
-            flat.index_fill_(0, _positions(starts[outside], b), 0)
-        for q, part in enumerate(wire.split(gathered, splits)):
-            if q != me:
-                for b, starts, values in _unpack(part, rows[q], list(summed), flat.dtype):
-                    flat.index_copy_(0, _positions(starts, b), values.reshape(-1))
-        intra_bytes += piece.numel() * (g - 1)
-    else:
-        with intra.waiting_on("an all-gather inside the node", intra.others()):
-            intra.all_gather_parts(flat, bounds)
-        intra_bytes += (hi - lo) * flat.element_size() * (g - 1)
-    if not tensor.is_contiguous():
-        tensor.copy_(flat.view(tensor.shape))
+    with phase_range(name, "intra_all_gather"):
+        if scan.sparse:  # the summed shards' entries to every rank, which clears its own entries of the others first
+            summed = scan.entries(lo, hi, rescan=True)
+            piece, _, counts = _pack(summed, [lo, hi])
+            rows = intra.all_gather_rows(counts).tolist()
+            splits = [_packed_bytes(row, list(summed), flat.element_size()) for row in rows]
+            gathered = torch.empty(sum(splits), dtype=torch.uint8, device=flat.device)
+            with intra.waiting_on("an all-gather inside the node", intra.others()):
+                intra.all_gather_bytes(gathered, piece, splits)
+            for b, (starts, _) in mine.items():
+                outside = (starts < lo) | (starts >= hi)
+                flat.index_fill_(0, _positions(starts[outside], b), 0)
+            for q, part in enumerate(wire.split(gathered, splits)):
+                if q != me:
+                    for b, starts, values in _unpack(part, rows[q], list(summed), flat.dtype):
+                        flat.index_copy_(0, _positions(starts, b), values.reshape(-1))
+            intra_bytes += piece.numel() * (g - 1)
+        else:
+            with intra.waiting_on("an all-gather inside the node", intra.others()):
+                intra.all_gather_parts(flat, bounds)
+            intra_bytes += (hi - lo) * flat.element_size() * (g - 1)
+        if not tensor.is_contiguous():
+            tensor.copy_(flat.view(tensor.shape))
     t3 = time.perf_counter()
     return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2, intra_bytes=intra_bytes)

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import ops
+from .schemes.base import phase_range
 from .schemes.call import Segment
 
 Tensor = torch.Tensor
@@ -171,7 +172,13 @@ def sparsify(buffer: Tensor, parts: Sequence[Part], ratio: float, selector: Sele
              keys: Sequence, error_feedback: bool, momentum: Optional[float]) -> Tuple[Tensor, Tensor]:
     """Sparsify the parts of ``buffer`` in place (module docstring): on return each holds only its sent
     entries, and its :class:`Residual` the new e (and u). ``keys`` name the parts for the selector's
-    thresholds. Returns the sent (indices into ``buffer``, values), ascending."""
+    thresholds. Returns the sent (indices into ``buffer``, values), ascending; under the profiler's range
+    ``zen::topk::select``."""
+    with phase_range("topk", "select"):
+        return _sparsify(buffer, parts, ratio, selector, step, keys, error_feedback, momentum)
+
+
+def _sparsify(buffer, parts, ratio, selector, step, keys, error_feedback, momentum) -> Tuple[Tensor, Tensor]:
     sent_idx, sent_val = [], []
     for ((offset, numel, _), kept), key in zip(parts, keys):
         view = buffer[offset:offset + numel]

@@ -32,25 +32,25 @@ class AllGatherSparse(Scheme):
         si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
         indices = indices.to(idx_dtype)
 
-        nnz = call.agree([indices.numel()])[:, 0].tolist()
-        call.mark("agree")
+        with call.phase("agree", self.name):
+            nnz = call.agree([indices.numel()])[:, 0].tolist()
         sizes = [wire.coo_bytes(k, si, sv) for k in nnz]
         call.stats.update(nnz=nnz, bytes_sent=(n - 1) * sizes[me])
         if sum(sizes) == 0:
             call.stats.update(union=0, gamma=0.0)
             return []
 
-        payload = wire.pack_coo(indices, values)
-        gathered = torch.empty(sum(sizes), dtype=torch.uint8, device=payload.device)
-        comm.all_gather_bytes(gathered, payload, sizes)
-        del payload
-        call.mark("gather")
+        with call.phase("gather", self.name):
+            payload = wire.pack_coo(indices, values)
+            gathered = torch.empty(sum(sizes), dtype=torch.uint8, device=payload.device)
+            comm.all_gather_bytes(gathered, payload, sizes)
+            del payload
 
-        pieces = [wire.unpack_coo(buf, k, idx_dtype, val_dtype, width)
-                  for buf, k in zip(wire.split(gathered, sizes), nnz)]
-        union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
-                                             numel)
-        call.mark("sum")
+        with call.phase("sum", self.name):
+            pieces = [wire.unpack_coo(buf, k, idx_dtype, val_dtype, width)
+                      for buf, k in zip(wire.split(gathered, sizes), nnz)]
+            union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
+                                                 numel)
         mean_nnz = sum(nnz) / n
         call.stats.update(union=union_idx.numel(), gamma=union_idx.numel() / mean_nnz if mean_nnz else 0.0)
         return [(union_idx, union_val)]

@@ -33,7 +33,7 @@ import torch
 from .. import ops, wire
 from ..cost import Profile, Workload, terms
 from ..geometry import default_probes
-from .base import Call, DenseData, Scheme
+from .base import Call, DenseData, Scheme, phase_range
 
 
 # A call that the dense switch sends dense, and whose all-gather sends at most this many bytes per rank, goes
@@ -119,10 +119,10 @@ class BalancedParallelism(Scheme):
         if call.keep is None:
             return super().reduce_extracted(call, flat, indices, values)
         pieces = self.reduce_coo(call, indices, values, flat.numel() // call.block_size)
-        if pieces:  # the owners may have dropped some of this rank's entries: they are not in the sum
-            ops.scatter_(flat, indices, torch.zeros_like(values))
-            ops.scatter_pieces_(flat, pieces)
-        call.mark("scatter")
+        with call.phase("scatter", self.name):
+            if pieces:  # the owners may have dropped some of this rank's entries: they are not in the sum
+                ops.scatter_(flat, indices, torch.zeros_like(values))
+                ops.scatter_pieces_(flat, pieces)
 
     def reduce_coo(self, call, indices, values, numel):
         return self._sync(call, indices, values, numel)
@@ -151,78 +151,80 @@ class BalancedParallelism(Scheme):
         # 1-3. partition, then agree on sizes and push: counts[p][j] = pairs rank p sends to partition j. The
         # pieces' first bytes ride in the agreement's planned slots; what outgrows them follows in one more
         # all-to-all, sized from the agreed counts.
-        probes = self.num_probes if self.num_probes is not None else default_probes(indices.device)
-        part_idx, part_val, counts, part_stats = ops.partition(
-            indices, values, n, seed, probes, self.table_factor, self.serial_factor)
-        send, send_splits = wire.pack_coo_pieces(part_idx, part_val, counts.tolist())
-        outgoing = wire.split(send, send_splits)
-        whole = self._whole(call)  # the tensor, where the plan's slots are to hold it whole
-        call.mark("partition")
+        with call.phase("partition", self.name):
+            probes = self.num_probes if self.num_probes is not None else default_probes(indices.device)
+            part_idx, part_val, counts, part_stats = ops.partition(
+                indices, values, n, seed, probes, self.table_factor, self.serial_factor)
+            send, send_splits = wire.pack_coo_pieces(part_idx, part_val, counts.tolist())
+            outgoing = wire.split(send, send_splits)
+            whole = self._whole(call)  # the tensor, where the plan's slots are to hold it whole
         # Rank 0's gamma and union fractions (last call of this shape) ride along, so the dense switch and
         # the pull's slots see the same inputs on every rank.
-        key = (n, numel, width)
-        last = self.history.get(key, (float(n), [1.0] * n))
-        agreed, arrived, planned = call.agree_and_push(
-            counts.tolist() + [round(x * 1e6) for x in [last[0]] + last[1]],
-            outgoing if whole is None else [wire.pack_dense(whole)] * n)
-        in_slots = sum(planned[me])
-        counts, gamma = agreed[:, :n].tolist(), agreed[0, n].item() / 1e6
-        fractions = [x / 1e6 for x in agreed[0, n + 1:2 * n + 1].tolist()]
-        call.mark("agree")
+        with call.phase("agree", self.name):
+            key = (n, numel, width)
+            last = self.history.get(key, (float(n), [1.0] * n))
+            agreed, arrived, planned = call.agree_and_push(
+                counts.tolist() + [round(x * 1e6) for x in [last[0]] + last[1]],
+                outgoing if whole is None else [wire.pack_dense(whole)] * n)
+            in_slots = sum(planned[me])
+            counts, gamma = agreed[:, :n].tolist(), agreed[0, n].item() / 1e6
+            fractions = [x / 1e6 for x in agreed[0, n + 1:2 * n + 1].tolist()]
         nnz = [sum(row) for row in counts]
         loads = [sum(counts[p][j] for p in range(n)) for j in range(n)]
         call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
                           partition_fallback=int(part_stats[2]))
         if self.dense_switch and call.dense is not None and self._go_dense(nnz, numel, n, si, sv, gamma):
-            self._sum_dense(call, whole, arrived, numel * sv)
+            with phase_range(self.name, "dense"):  # a range only: its seconds go to the next phase, as before
+                self._sum_dense(call, whole, arrived, numel * sv)
             call.stats.update(dense=True, whole_in_agreement=whole is not None,
                               bytes_sent=in_slots if whole is not None else terms.dense_bytes(numel, n, sv))
             return []
-        if whole is not None:  # the slots held the tensor, not the pieces: those all follow
-            planned, arrived = [[0] * n for _ in range(n)], [a[:0] for a in arrived]
-        call.file_plan([[0 if p == j else wire.coo_bytes(slot_count(c), si, sv) for j, c in enumerate(row)]
-                        for p, row in enumerate(counts)])
-        sizes = [[wire.coo_bytes(c, si, sv) for c in row] for row in counts]
-        overflow = [[0 if p == j else max(0, sizes[p][j] - planned[p][j]) for j in range(n)] for p in range(n)]
-        send_rest = torch.cat([piece[planned[me][j]:] if overflow[me][j] else piece[:0]
-                               for j, piece in enumerate(outgoing)])
-        recv_rest = torch.empty(sum(overflow[q][me] for q in range(n)), dtype=torch.uint8, device=send.device)
-        largest = max(max(row) for row in overflow)
-        if largest:
-            comm.all_to_all(recv_rest, send_rest, [overflow[q][me] for q in range(n)], overflow[me], largest=largest)
-        call.mark("push")
+        with call.phase("push", self.name):
+            if whole is not None:  # the slots held the tensor, not the pieces: those all follow
+                planned, arrived = [[0] * n for _ in range(n)], [a[:0] for a in arrived]
+            call.file_plan([[0 if p == j else wire.coo_bytes(slot_count(c), si, sv) for j, c in enumerate(row)]
+                            for p, row in enumerate(counts)])
+            sizes = [[wire.coo_bytes(c, si, sv) for c in row] for row in counts]
+            overflow = [[0 if p == j else max(0, sizes[p][j] - planned[p][j]) for j in range(n)] for p in range(n)]
+            send_rest = torch.cat([piece[planned[me][j]:] if overflow[me][j] else piece[:0]
+                                   for j, piece in enumerate(outgoing)])
+            recv_rest = torch.empty(sum(overflow[q][me] for q in range(n)), dtype=torch.uint8, device=send.device)
+            largest = max(max(row) for row in overflow)
+            if largest:
+                comm.all_to_all(recv_rest, send_rest, [overflow[q][me] for q in range(n)], overflow[me],
+                                largest=largest)
 
         # 4. aggregate my partition.
-        recv_counts = [counts[p][me] for p in range(n)]
-        received = [outgoing[me] if q == me else wire.join_planned(first, rest, sizes[q][me]) for q, (first, rest)
-                    in enumerate(zip(arrived, wire.split(recv_rest, [overflow[q][me] for q in range(n)])))]
-        pieces = [wire.unpack_coo(buf, c, idx_dtype, on_wire, width) for buf, c in zip(received, recv_counts)]
-        union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]),
-                                             torch.cat([p[1] for p in pieces]).to(val_dtype), numel, n, seed, me)
-        if call.keep is not None:
-            union_idx, union_val = self._keep_largest(union_idx, union_val, math.ceil(call.keep / n))
-        call.mark("aggregate")
+        with call.phase("aggregate", self.name):
+            recv_counts = [counts[p][me] for p in range(n)]
+            received = [outgoing[me] if q == me else wire.join_planned(first, rest, sizes[q][me]) for q, (first, rest)
+                        in enumerate(zip(arrived, wire.split(recv_rest, [overflow[q][me] for q in range(n)])))]
+            pieces = [wire.unpack_coo(buf, c, idx_dtype, on_wire, width) for buf, c in zip(received, recv_counts)]
+            union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]),
+                                                 torch.cat([p[1] for p in pieces]).to(val_dtype), numel, n, seed, me)
+            if call.keep is not None:
+                union_idx, union_val = self._keep_largest(union_idx, union_val, math.ceil(call.keep / n))
 
         # 5. pull, in the smaller format, in slots every rank sized beforehand from the counts (no round for sizes).
-        payload, fmt = self._encode_pull(comm, union_idx, union_val.to(on_wire), numel, si, sv)
-        call.mark("encode")
-        bounds = loads if call.keep is None else [min(r, math.ceil(call.keep / n)) for r in loads]
-        slots = [wire.HEADER_BYTES + self._pull_bytes(comm, slot_count(f * r, b), j, numel, si, sv,
-                                                      union_idx.device)
-                 for j, (b, f, r) in enumerate(zip(bounds, fractions, loads))]
-        first, rest = wire.pack_slotted(union_idx.numel(), fmt, payload, slots[me])
-        pulled = torch.empty(sum(slots), dtype=torch.uint8, device=payload.device)
-        comm.all_gather_bytes(pulled, first, slots)
-        firsts = wire.split(pulled, slots)
-        headers = [self._pull_header(first_j, j, bounds[j]) for j, first_j in enumerate(firsts)]
-        piece_bytes = [self._pull_bytes(comm, count, j, numel, si, sv, pulled.device, fmt_j)
-                       for j, (count, fmt_j) in enumerate(headers)]
-        rest_splits = [wire.slotted_rest_bytes(slot, b) for slot, b in zip(slots, piece_bytes)]
-        rest_buf = torch.empty(sum(rest_splits), dtype=torch.uint8, device=pulled.device)
-        if any(rest_splits):  # a union outgrew its slot: its rest follows, sized by the headers above
-            comm.all_gather_bytes(rest_buf, rest, rest_splits)
-        rests = wire.split(rest_buf, rest_splits)
-        call.mark("pull")
+        with call.phase("encode", self.name):
+            payload, fmt = self._encode_pull(comm, union_idx, union_val.to(on_wire), numel, si, sv)
+        with call.phase("pull", self.name):
+            bounds = loads if call.keep is None else [min(r, math.ceil(call.keep / n)) for r in loads]
+            slots = [wire.HEADER_BYTES + self._pull_bytes(comm, slot_count(f * r, b), j, numel, si, sv,
+                                                          union_idx.device)
+                     for j, (b, f, r) in enumerate(zip(bounds, fractions, loads))]
+            first, rest = wire.pack_slotted(union_idx.numel(), fmt, payload, slots[me])
+            pulled = torch.empty(sum(slots), dtype=torch.uint8, device=payload.device)
+            comm.all_gather_bytes(pulled, first, slots)
+            firsts = wire.split(pulled, slots)
+            headers = [self._pull_header(first_j, j, bounds[j]) for j, first_j in enumerate(firsts)]
+            piece_bytes = [self._pull_bytes(comm, count, j, numel, si, sv, pulled.device, fmt_j)
+                           for j, (count, fmt_j) in enumerate(headers)]
+            rest_splits = [wire.slotted_rest_bytes(slot, b) for slot, b in zip(slots, piece_bytes)]
+            rest_buf = torch.empty(sum(rest_splits), dtype=torch.uint8, device=pulled.device)
+            if any(rest_splits):  # a union outgrew its slot: its rest follows, sized by the headers above
+                comm.all_gather_bytes(rest_buf, rest, rest_splits)
+            rests = wire.split(rest_buf, rest_splits)
 
         union = sum(count for count, _ in headers)
         mean_nnz = sum(nnz) / n
@@ -233,14 +235,14 @@ class BalancedParallelism(Scheme):
                           push_overflow=sum(1 for row in overflow for x in row if x),
                           push_padding=sum(max(0, slot - size) for slot, size in zip(planned[me], sizes[me])),
                           bytes_sent=in_slots + sum(overflow[me]) + (n - 1) * (slots[me] + rest.numel()))
-        out = []
-        for j, ((count, fmt_j), first_j, rest_j) in enumerate(zip(headers, firsts, rests)):
-            buf = wire.join_slotted(first_j, rest_j, piece_bytes[j])
-            idx, val = self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, on_wire, width)
-            out.append((idx, val.to(val_dtype)))
-        if call.keep is not None:
-            call.stats["kept"] = torch.cat([piece[0] for piece in out])
-        call.mark("decode")
+        with call.phase("decode", self.name):
+            out = []
+            for j, ((count, fmt_j), first_j, rest_j) in enumerate(zip(headers, firsts, rests)):
+                buf = wire.join_slotted(first_j, rest_j, piece_bytes[j])
+                idx, val = self._decode_pull(comm, buf, j, count, fmt_j, numel, idx_dtype, on_wire, width)
+                out.append((idx, val.to(val_dtype)))
+            if call.keep is not None:
+                call.stats["kept"] = torch.cat([piece[0] for piece in out])
         return out
 
     @staticmethod

@@ -7,18 +7,52 @@ all ranks called with the same tensor and lets the scheme piggyback its own size
 instead of two). Its formulas predict, from a
 :class:`zen.cost.Workload` and a :class:`zen.cost.Profile`, the seconds of a call (``time``, or the sum of
 ``phases``, which name the phases its calls record with ``call.mark``) and its extra memory (``memory``).
+
+Each phase of a call runs under the PyTorch profiler's range ``zen::<scheme>::<phase>`` (:func:`phase_range`,
+through :meth:`Call.phase`), on the thread where it runs (a group's lane: profile it with
+``torch.profiler.profile(experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True))``,
+as a default profile records the thread that started it only). With no profiler on, a range costs a flag read.
 """
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+from torch.autograd import profiler as autograd_profiler
 
 from .. import agreement, ops
 from ..cost import Profile, Workload
 from ..transport import Comm
 
 Tensor = torch.Tensor
+_NO_RANGE = contextlib.nullcontext()
+
+
+def phase_range(scheme: str, phase: str):
+    """The profiler's range of one phase: ``torch.profiler.record_function("zen::<scheme>::<phase>")`` while a
+    torch profiler runs (on any thread), else a shared no-op context (one flag read). The one definition of
+    zen's ranges: the schemes' phases (:meth:`Call.phase`), the node steps, top-k selection."""
+    if autograd_profiler._is_profiler_enabled:
+        return torch.profiler.record_function(f"zen::{scheme}::{phase}")
+    return _NO_RANGE
+
+
+class _Phase:
+    """``with call.phase(name, scheme):`` the block under :func:`phase_range`, then ``call.mark(name)``."""
+
+    __slots__ = ("call", "name", "scheme", "range")
+
+    def __init__(self, call: "Call", name: str, scheme: str):
+        self.call, self.name, self.scheme = call, name, scheme
+
+    def __enter__(self) -> None:
+        self.range = phase_range(self.scheme, self.name)
+        self.range.__enter__()
+
+    def __exit__(self, *error) -> None:
+        self.range.__exit__(*error)
+        self.call.mark(self.name)
 
 
 @dataclass
@@ -107,6 +141,13 @@ class Call:
         """Whether this call's agreement carries the counts of a block-size choice."""
         return self.choice_counts is not None
 
+    def phase(self, name: str, scheme: Optional[str] = None) -> _Phase:
+        """``with call.phase("push", self.name): ...``: the block is the phase ``name`` of ``scheme`` (default:
+        the call's scheme name): it runs under the profiler's range ``zen::<scheme>::<name>``
+        (:func:`phase_range`), and its seconds, with those since the previous mark, go to
+        stats["phases"][name] (:meth:`mark`)."""
+        return _Phase(self, name, scheme or self.scheme_name)
+
     def mark(self, phase: str) -> None:
         """Charge the time since the previous mark (or the call's start) to ``phase`` in stats["phases"]
         (seconds; where a call's time goes, for the benchmarks' breakdowns)."""
@@ -132,15 +173,16 @@ class Scheme:
         """Sum ``flat`` (contiguous, 1-D, of M values, b = ``call.block_size`` dividing M) over the group,
         in place. Default: extract the non-zero entries, reduce them as COO, write the union back. The union
         holds every local non-zero, so positions outside it are zero already: no clearing pass is needed."""
-        indices, values = ops.nonzero_rows(flat, call.block_size)
-        call.mark("scan")
+        with call.phase("scan", self.name):
+            indices, values = ops.nonzero_rows(flat, call.block_size)
         self.reduce_extracted(call, flat, indices, values)
 
     def reduce_extracted(self, call: Call, flat: Tensor, indices: Tensor, values: Tensor) -> None:
         """:meth:`reduce_dense` once the non-zero entries of ``flat`` are extracted (indices ascending, values
         [k] or rows [k, b]): reduce them as COO, write the union back."""
-        ops.scatter_pieces_(flat, self.reduce_coo(call, indices, values, flat.numel() // call.block_size))
-        call.mark("scatter")
+        pieces = self.reduce_coo(call, indices, values, flat.numel() // call.block_size)
+        with call.phase("scatter", self.name):
+            ops.scatter_pieces_(flat, pieces)
 
     def reduce_coo(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> List[Tuple[Tensor, Tensor]]:
         """Sum a sparse tensor given as unique (indices, values) over [0, numel) entries: values [k], or rows

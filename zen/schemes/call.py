@@ -133,10 +133,10 @@ def decide_rows(totals: Sequence[int], flat: torch.Tensor, segments: Sequence[Se
 def choose_rows(call: Call, flat: torch.Tensor, segments: Sequence[Segment]):
     """(block sizes, extracted) of :func:`scan_rows` and :func:`decide_rows`, the counts exchanged in the call's
     agreement on their own (a round of its own: for measuring, where the choice must come first)."""
-    extracted, counts = scan_rows(flat, segments)
-    call.mark("scan")
-    totals = call.agree(counts).sum(dim=0).tolist()
-    call.mark("agree")
+    with call.phase("scan"):
+        extracted, counts = scan_rows(flat, segments)
+    with call.phase("agree"):
+        totals = call.agree(counts).sum(dim=0).tolist()
     return decide_rows(totals, flat, segments), extracted
 
 
@@ -178,8 +178,8 @@ def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[S
         return
     key = (tuple(segments), flat.dtype)
     expected = call.comm.row_choices.get(key, [row for _, _, row in segments])
-    extracted, counts = scanned if scanned is not None else scan_rows(flat, segments)
-    call.mark("scan")
+    with call.phase("scan"):
+        extracted, counts = scanned if scanned is not None else scan_rows(flat, segments)
     agreed = []
 
     def on_choice(totals):
@@ -205,8 +205,8 @@ def _reduce_groups(call: Call, scheme, flat: torch.Tensor, segments, blocks, ext
     for b in sorted(groups):
         call.block_size = b
         call.stats = {"phases": call.stats.get("phases", {})}
-        parts = [(segment, segment_entries(flat, segment, b, found)) for segment, found in groups[b]]
-        call.mark("scan")
+        with call.phase("scan"):
+            parts = [(segment, segment_entries(flat, segment, b, found)) for segment, found in groups[b]]
         if len(parts) == 1:
             (offset, numel, _), (indices, values) = parts[0]
             scheme.reduce_extracted(call, flat[offset:offset + numel], indices, values)
@@ -236,6 +236,12 @@ def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None
     call.dense = DenseData(lambda: torch.cat(views), write)
     pieces = scheme.reduce_coo(call, indices, values, bases[-1])
     call.dense = None
+    with call.phase("scatter"):
+        _write_parts(views, bases, parts, pieces, went_dense)
+
+
+def _write_parts(views, bases, parts, pieces, went_dense) -> None:
+    """:func:`_reduce_parts`'s write-back: the union ``pieces`` into the segments' ``views``."""
     if not went_dense:
         # Clear the local entries first: a scheme whose union leaves out entries that summed to zero
         # (OmniReduce's blocks, a densified sum) must not leave this rank's values there.
@@ -249,7 +255,6 @@ def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None
         cuts = torch.bincount(owner, minlength=len(views)).tolist()
         for view, base, part_idx, part_val in zip(views, bases, idx.split(cuts), val.split(cuts)):
             ops.scatter_(view, part_idx - base, part_val)
-    call.mark("scatter")
 
 
 def _combined(per_group: List[dict]) -> dict:

@@ -3,15 +3,18 @@ import torch
 
 from .. import ops, wire
 from ..cost import Profile, Workload, terms
-from .base import Call, Scheme
+from .base import Call, Scheme, phase_range
 
 
 class Dense(Scheme):
     name = "dense"
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
-        call.agree([])
-        call.comm.all_reduce(flat, call.value_dtype)
+        # Profiler ranges only: a dense call records no phases (its formula is ``time``).
+        with phase_range(self.name, "agree"):
+            call.agree([])
+        with phase_range(self.name, "all_reduce"):
+            call.comm.all_reduce(flat, call.value_dtype)
         n = call.comm.world
         call.stats["bytes_sent"] = 2 * (n - 1) * flat.numel() * (call.value_dtype or flat.dtype).itemsize // n
 

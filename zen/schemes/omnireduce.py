@@ -52,13 +52,14 @@ class OmniReduce(Scheme):
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
         bs = self.rows_per_block(call.block_size) * call.block_size
-        indices, _ = ops.nonzero(flat)
-        ids = torch.unique_consecutive(indices.long() // bs)
-        blocks = gather_blocks(flat, ids, bs)
-        call.mark("scan")
-        for union_ids, union_vals in self._sync(call, ids, blocks, flat.numel(), bs):
-            scatter_blocks(flat, union_ids, union_vals, bs)
-        call.mark("scatter")
+        with call.phase("scan", self.name):
+            indices, _ = ops.nonzero(flat)
+            ids = torch.unique_consecutive(indices.long() // bs)
+            blocks = gather_blocks(flat, ids, bs)
+        pieces = self._sync(call, ids, blocks, flat.numel(), bs)
+        with call.phase("scatter", self.name):
+            for union_ids, union_vals in pieces:
+                scatter_blocks(flat, union_ids, union_vals, bs)
 
     def _blocks_of(self, indices, values):
         """(block ids, blocks [K, rows * width]) of unique entries: each block the fewest whole rows that hold
@@ -72,26 +73,28 @@ class OmniReduce(Scheme):
         return ids, blocks.view(-1, rows * width)
 
     def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
-        ids, blocks = self._blocks_of(indices, values)
+        with call.phase("scan", self.name):
+            ids, blocks = self._blocks_of(indices, values)
         bs = blocks.shape[1]
-        call.mark("scan")
-        for union_ids, union_vals in self._sync(call, ids, blocks, flat.numel(), bs):
-            scatter_blocks(flat, union_ids, union_vals, bs)  # whole blocks: entries that summed to zero too
-        call.mark("scatter")
+        pieces = self._sync(call, ids, blocks, flat.numel(), bs)
+        with call.phase("scatter", self.name):
+            for union_ids, union_vals in pieces:  # whole blocks: entries that summed to zero too
+                scatter_blocks(flat, union_ids, union_vals, bs)
 
     def reduce_coo(self, call, indices, values, numel):
         width = wire.row_width(values)
-        ids, blocks = self._blocks_of(indices, values)
+        with call.phase("scan", self.name):
+            ids, blocks = self._blocks_of(indices, values)
         bs = blocks.shape[1]
         rows = bs // width
-        call.mark("scan")
+        pieces = self._sync(call, ids, blocks, numel * width, bs)
         out = []
         idx_dtype = wire.index_dtype(numel)
-        for union_ids, union_vals in self._sync(call, ids, blocks, numel * width, bs):
-            at, vals = ops.nonzero_rows(union_vals.reshape(-1), width)
-            at = at.long()
-            out.append(((union_ids[at // rows] * rows + at % rows).to(idx_dtype), vals))
-        call.mark("scatter")
+        with call.phase("scatter", self.name):
+            for union_ids, union_vals in pieces:
+                at, vals = ops.nonzero_rows(union_vals.reshape(-1), width)
+                at = at.long()
+                out.append(((union_ids[at // rows] * rows + at % rows).to(idx_dtype), vals))
         return out
 
     # ------------------------------------------------------------------------------------------------
@@ -105,48 +108,49 @@ class OmniReduce(Scheme):
         ranges = [bounds[w + 1] - bounds[w] for w in range(n)]
         cuts = torch.searchsorted(ids, torch.tensor(bounds, dtype=ids.dtype, device=device)).tolist()
 
-        counts = call.agree([cuts[w + 1] - cuts[w] for w in range(n)]).tolist()
-        call.stats.update(blocks=[sum(row) for row in counts],
-                          imbalance=max(sum(row[w] for row in counts) for w in range(n)) * n
-                          / max(1, sum(map(sum, counts))))
-        call.mark("agree")
+        with call.phase("agree", self.name):
+            counts = call.agree([cuts[w + 1] - cuts[w] for w in range(n)]).tolist()
+            call.stats.update(blocks=[sum(row) for row in counts],
+                              imbalance=max(sum(row[w] for row in counts) for w in range(n)) * n
+                              / max(1, sum(map(sum, counts))))
         if sum(map(sum, counts)) == 0:
             call.stats.update(union_blocks=0, bytes_sent=0)
             return []
 
         # push: piece w = my non-zero blocks in owner w's range.
-        block_range = torch.arange(bounds[-1], dtype=torch.int64, device=device)
-        bitmaps = [ops.bitmap_encode(ids[cuts[w]:cuts[w + 1]], block_range[bounds[w]:bounds[w + 1]]) for w in range(n)]
-        send, send_splits = wire.pack_blocks_pieces(bitmaps, blocks, counts[me])
-        del blocks
-        recv_splits = [wire.blocks_bytes(counts[q][me], ranges[me], bs, sv) for q in range(n)]
-        recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
-        largest = max((wire.blocks_bytes(counts[q][w], ranges[w], bs, sv)
-                       for q in range(n) for w in range(n) if q != w), default=0)
-        comm.all_to_all(recv, send, recv_splits, send_splits, largest=largest)
-        del send
-        call.mark("push")
+        with call.phase("push", self.name):
+            block_range = torch.arange(bounds[-1], dtype=torch.int64, device=device)
+            bitmaps = [ops.bitmap_encode(ids[cuts[w]:cuts[w + 1]], block_range[bounds[w]:bounds[w + 1]])
+                       for w in range(n)]
+            send, send_splits = wire.pack_blocks_pieces(bitmaps, blocks, counts[me])
+            del blocks
+            recv_splits = [wire.blocks_bytes(counts[q][me], ranges[me], bs, sv) for q in range(n)]
+            recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
+            largest = max((wire.blocks_bytes(counts[q][w], ranges[w], bs, sv)
+                           for q in range(n) for w in range(n) if q != w), default=0)
+            comm.all_to_all(recv, send, recv_splits, send_splits, largest=largest)
+            del send
 
         # sum my range, senders in rank order.
-        my_range = block_range[bounds[me]:bounds[me + 1]]
-        received = []
-        for q, buf in enumerate(wire.split(recv, recv_splits)):
-            bitmap, vals = wire.unpack_blocks(buf, counts[q][me], ranges[me], bs, val_dtype)
-            received.append((ops.bitmap_decode(bitmap, my_range, counts[q][me]), vals))
-        union = torch.unique(torch.cat([r[0] for r in received]))
-        summed = torch.zeros((union.numel(), bs), dtype=val_dtype, device=device)
-        for q_ids, vals in received:
-            summed.index_add_(0, torch.searchsorted(union, q_ids), vals)
-        del received, recv
-        call.mark("sum")
+        with call.phase("sum", self.name):
+            my_range = block_range[bounds[me]:bounds[me + 1]]
+            received = []
+            for q, buf in enumerate(wire.split(recv, recv_splits)):
+                bitmap, vals = wire.unpack_blocks(buf, counts[q][me], ranges[me], bs, val_dtype)
+                received.append((ops.bitmap_decode(bitmap, my_range, counts[q][me]), vals))
+            union = torch.unique(torch.cat([r[0] for r in received]))
+            summed = torch.zeros((union.numel(), bs), dtype=val_dtype, device=device)
+            for q_ids, vals in received:
+                summed.index_add_(0, torch.searchsorted(union, q_ids), vals)
+            del received, recv
 
         # pull: every owner's summed blocks to all.
-        payload = wire.pack_blocks(ops.bitmap_encode(union, my_range), summed)
-        union_counts = comm.all_gather_rows([union.numel()])[:, 0].tolist()
-        pull_splits = [wire.blocks_bytes(c, ranges[w], bs, sv) for w, c in enumerate(union_counts)]
-        pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=device)
-        comm.all_gather_bytes(pulled, payload, pull_splits)
-        call.mark("pull")
+        with call.phase("pull", self.name):
+            payload = wire.pack_blocks(ops.bitmap_encode(union, my_range), summed)
+            union_counts = comm.all_gather_rows([union.numel()])[:, 0].tolist()
+            pull_splits = [wire.blocks_bytes(c, ranges[w], bs, sv) for w, c in enumerate(union_counts)]
+            pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=device)
+            comm.all_gather_bytes(pulled, payload, pull_splits)
         call.stats.update(union_blocks=sum(union_counts),
                           bytes_sent=sum(send_splits) - send_splits[me] + (n - 1) * payload.numel())
         out = []

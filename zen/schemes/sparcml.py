@@ -67,11 +67,11 @@ class SparCML(Scheme):
 
     def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
         result = self._sync(call, indices, values, flat.numel() // call.block_size)
-        if result.dense is not None:
-            flat.copy_(result.dense)
-        else:
-            ops.scatter_(flat, result.indices, result.values)
-        call.mark("scatter")
+        with call.phase("scatter", self.name):
+            if result.dense is not None:
+                flat.copy_(result.dense)
+            else:
+                ops.scatter_(flat, result.indices, result.values)
 
     def reduce_coo(self, call, indices, values, numel):
         result = self._sync(call, indices, values, numel)
@@ -93,10 +93,10 @@ class SparCML(Scheme):
         device = values.device
         indices = indices.to(idx_dtype)
         if indices.numel() and not bool((indices[1:] > indices[:-1]).all()):
-            indices, values = ops.aggregate(indices, values, numel)  # ascending, as the merges keep it
-            call.mark("merge")
-        nnz = call.agree([indices.numel()])[:, 0].tolist()
-        call.mark("agree")
+            with call.phase("merge", self.name):
+                indices, values = ops.aggregate(indices, values, numel)  # ascending, as the merges keep it
+        with call.phase("agree", self.name):
+            nnz = call.agree([indices.numel()])[:, 0].tolist()
         call.stats.update(nnz=nnz)
 
         def as_sum(idx, val):
@@ -136,21 +136,21 @@ class SparCML(Scheme):
             """Send ``mine`` to ``peer`` (if given) and receive the peer's sum (unless ``known`` is False);
             ``known`` = (count, format) of the peer's message when this rank knows it, None when a header
             comes first."""
-            receive = known is not False
-            if send_header or (receive and known is None):
-                header_in = torch.empty(2, dtype=torch.int64, device=device)
-                comm.exchange([(peer, wire.step_header(mine.count, mine.fmt, device))] if send_header else [],
-                         [(peer, header_in)] if receive and known is None else [])
-                if receive and known is None:
-                    known = tuple(header_in.tolist())
-                sent[0] += 16 if send_header else 0
-            payload = mine.pack() if mine is not None else None
-            buf = recv_buffer(*known) if receive else None
-            comm.exchange([(peer, payload)] if payload is not None else [], [(peer, buf)] if receive else [])
-            if payload is not None:
-                sent[0] += payload.numel()
-            theirs = unpack(buf, *known) if receive else None
-            call.mark("exchange")
+            with call.phase("exchange", self.name):
+                receive = known is not False
+                if send_header or (receive and known is None):
+                    header_in = torch.empty(2, dtype=torch.int64, device=device)
+                    comm.exchange([(peer, wire.step_header(mine.count, mine.fmt, device))] if send_header else [],
+                                  [(peer, header_in)] if receive and known is None else [])
+                    if receive and known is None:
+                        known = tuple(header_in.tolist())
+                    sent[0] += 16 if send_header else 0
+                payload = mine.pack() if mine is not None else None
+                buf = recv_buffer(*known) if receive else None
+                comm.exchange([(peer, payload)] if payload is not None else [], [(peer, buf)] if receive else [])
+                if payload is not None:
+                    sent[0] += payload.numel()
+                theirs = unpack(buf, *known) if receive else None
             return theirs
 
         running = as_sum(indices, values)
@@ -162,16 +162,16 @@ class SparCML(Scheme):
             folded = me + p < n
             if folded:
                 extra = step(me + p, None, send_header=False, known=(nnz[me + p], initial_format(me + p)))
-                running = merge(running, extra)
-                call.mark("merge")
+                with call.phase("merge", self.name):
+                    running = merge(running, extra)
             for s in range(steps):
                 peer = me ^ (1 << s)
                 peer_known = None
                 if s == 0 and peer + p >= n:  # the peer holds its own data only: size agreed already
                     peer_known = (nnz[peer], initial_format(peer))
                 theirs = step(peer, running, send_header=(s > 0 or folded), known=peer_known)
-                running = merge(running, theirs) if me < peer else merge(theirs, running)
-                call.mark("merge")
+                with call.phase("merge", self.name):
+                    running = merge(running, theirs) if me < peer else merge(theirs, running)
             if folded:
                 step(me + p, running, send_header=True, known=False)
         call.stats.update(dense=running.dense is not None, bytes_sent=sent[0])
