@@ -3,6 +3,7 @@
     python benchmarks/train.py --model lm --world 2 --steps 5                # local ranks on loopback
     python benchmarks/train.py --model lm --world 8 --bandwidth 1gbit        # emulated cluster (root)
     python benchmarks/train.py --model deepfm --world 8 --bandwidth 1gbit --json fm.json --plot fm.png
+    python benchmarks/train.py --model deepfm --world 2 --steps 5 --trace traces   # + a Chrome trace per rank
 
 Models (both embedding-heavy, with dense embedding gradients, nn.Embedding(sparse=False), so DDP's buckets
 carry mostly-zero rows):
@@ -41,6 +42,11 @@ The table reports medians over the timed steps (comm = median step - median comp
 world * batch / median step. Checks on every run: the loss curves of the two variants (the mean over ranks of
 each step's loss) agree within rtol 1e-4, the parameters of the two variants agree at the end (rtol 1e-4,
 atol 1e-6), and each variant's parameters are identical on every rank. A failed check makes the exit code 1.
+
+``--trace DIR``: after the timed steps, --trace-steps more steps of each variant (untimed, the same for both)
+run under the PyTorch profiler, every thread recorded (zen's phases, ranges "zen::<scheme>::<phase>", run on
+its lane beside autograd's backward); each rank writes DIR/rank<r>.json, a Chrome trace (chrome://tracing,
+Perfetto), each step in a range "train::<variant>::step".
 """
 import argparse
 import copy
@@ -74,6 +80,8 @@ def build_parser():
     p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: lm 1.0, deepfm 0.05)")
     p.add_argument("--batch", type=int, default=None, help="samples per rank (default: lm 64 windows, deepfm 256)")
     p.add_argument("--scheme", default="zen", help="the hook's scheme, ZenState(scheme=...) (default zen)")
+    p.add_argument("--dense-threshold", type=float, default=None,
+                   help="ZenState(dense_threshold=...): a bucket goes dense above this mean density, not by timing")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket_cap_mb (default: DDP's own default, a 1 MB first bucket, then 25 MB)")
     # lm
@@ -92,6 +100,9 @@ def build_parser():
     p.add_argument("--timeout", type=float, default=3600, help="seconds for the whole run (default 3600)")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of the loss curves (and step times) here")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="write a Chrome trace of --trace-steps more steps per rank here (DIR/rank<r>.json)")
+    p.add_argument("--trace-steps", type=int, default=3, help="steps of each variant in the trace (default 3)")
     p.add_argument("--from-env", action="store_true", help=argparse.SUPPRESS)  # one rank, launched by torchrun/cluster
     return p
 
@@ -241,7 +252,7 @@ def bench(rank, world, args):
     model, batches, info, embedding_names = setup(args, rank, total)
 
     ddps, opts, zen_log = {}, {}, {}
-    state = zen.ZenState(scheme=args.scheme)
+    state = zen.ZenState(scheme=args.scheme, dense_threshold=args.dense_threshold)
     for variant in VARIANTS:
         ddp = DDP(copy.deepcopy(model), bucket_cap_mb=args.bucket_cap_mb)
         if variant == "zen":
@@ -308,6 +319,8 @@ def bench(rank, world, args):
     totals = state.summary()
     hook_seconds = torch.tensor([totals["seconds"], totals["auto_seconds"]], dtype=torch.float64)
     dist.all_reduce(hook_seconds, op=dist.ReduceOp.MAX)
+    if args.trace:  # after the counts above, which are the timed steps'; both variants take the same steps
+        trace(args.trace, args.trace_steps, rank, ddps, opts, batches)
 
     # correctness: the variants against each other, and every rank against rank 0
     params = {v: torch.cat([p.detach().reshape(-1) for p in ddps[v].module.parameters()]) for v in VARIANTS}
@@ -330,6 +343,30 @@ def bench(rank, world, args):
         "bucket_numels": buckets, "hook_seconds": hook_seconds[0].item(), "auto_seconds": hook_seconds[1].item(),
         "auto_trials": totals["auto_trials"],
     }
+
+
+def trace(directory, steps, rank, ddps, opts, batches):
+    """--trace: ``steps`` more steps of each variant (the last batches again) under the PyTorch profiler of
+    every thread (zen's phases run on its lane; a default profile records only the thread that starts it);
+    writes ``directory``/rank<rank>.json, a Chrome trace."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    os.makedirs(directory, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU],
+                 experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+        for i in range(steps):
+            batch = batches[-1 - i % len(batches)]
+            for variant in VARIANTS:
+                dist.barrier()
+                with record_function(f"train::{variant}::step"):
+                    ddps[variant](*batch).backward()
+                    opts[variant].step()
+                    opts[variant].zero_grad(set_to_none=True)
+    path = os.path.join(directory, f"rank{rank}.json")
+    prof.export_chrome_trace(path)
+    if rank == 0:
+        print(f"trace: {steps} steps of each variant, one Chrome trace per rank: {path} ...", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -2,8 +2,12 @@
 ``zen::<scheme>::<phase>`` on the thread where it runs (the group's lane), so a trace shows them beside
 autograd's backward. The lane is not the thread that starts the profiler: the profiler records it with
 ``profile_all_threads`` (a default profile records only its own thread)."""
+import json
+import os
+import subprocess
+import sys
+
 import torch
-import torch.distributed as dist
 from torch._C._profiler import _ExperimentalConfig
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
@@ -122,3 +126,21 @@ def test_no_profiler_no_range():
     assert phase_range("zen", "push") is phase_range("sparcml", "merge")  # one shared no-op
     with profile(activities=[ProfilerActivity.CPU]):
         assert isinstance(phase_range("zen", "push"), torch.profiler.record_function)
+
+
+def test_train_writes_a_chrome_trace_with_zen_beside_backward(tmp_path):
+    """benchmarks/train.py --trace: one Chrome trace per rank, the steps on the main thread and zen's phases on
+    another (its lane)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "train.py"), "--model", "deepfm",
+                           "--world", "2", "--steps", "1", "--warmup", "1", "--field-vocab", "20000",
+                           "--dense-threshold", "0.5", "--trace", str(tmp_path), "--trace-steps", "2"],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        with open(tmp_path / f"rank{rank}.json") as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        steps = {e["tid"] for e in events if e["name"] == "train::zen::step"}
+        zen_threads = {e["tid"] for e in events if e["name"] == "zen::zen::partition"}
+        assert sum(e["name"] == "train::zen::step" for e in events) == 2, rank
+        assert len(steps) == 1 and zen_threads and not zen_threads & steps, (steps, zen_threads)
