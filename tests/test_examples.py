@@ -60,10 +60,11 @@ def test_lightning_example(capsys):
     check_printed(launched([sys.executable, "examples/lightning_ddp.py", "--check"], capsys))
 
 
-def test_accelerate_example(capsys):
+@pytest.mark.parametrize("precision", ["no", "bf16"])  # bf16: autocast on CPU (fp32 gradients, as on GPUs)
+def test_accelerate_example(precision, capsys):
     needs("accelerate")
     check_printed(launched([os.path.join(BIN, "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
-                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                            "--num_machines", "1", "--mixed_precision", precision, "--dynamo_backend", "no",
                             "--main_process_port", str(free_port()), "examples/accelerate_ddp.py", "--check"], capsys))
 
 
