@@ -6,6 +6,8 @@ dense MLP with top-k (each large parameter sends its largest quarter, the rest k
     accelerate launch --multi_gpu --num_processes 2 examples/accelerate_ddp.py           # train both, print
     accelerate launch --multi_gpu --num_processes 2 examples/accelerate_ddp.py --check   # zen's summary(); and
                                                                  # check the embedding model against plain DDP's
+The hook times dense against sparse per bucket: on one machine's loopback dense may win (bytes near 1x);
+``--check`` decides by density instead, so that sparse travel is checked.
 ``--multi_gpu`` starts the processes (with torchrun); without a GPU the script asks for CPU processes over gloo
 (``Accelerator(cpu=True)``; ``accelerate launch --cpu`` starts one process only, unless through mpirun). On
 GPUs nothing changes. ``DistributedDataParallelKwargs(comm_hook=...)`` takes only Accelerate's own hooks:

@@ -7,6 +7,8 @@ Lightning launches the second process itself (its own launcher), on CPU over glo
     python examples/lightning_ddp.py           # train both, print zen's summary()
     python examples/lightning_ddp.py --check   # and check the embedding model against plain DDP's training
 
+The hook times dense against sparse per bucket: on one machine's loopback dense may win (bytes near 1x);
+``--check`` decides by density instead, so that sparse travel is checked.
 On GPUs: accelerator="gpu", nothing else changes. There ``DDPStrategy(ddp_comm_state=zen.ZenState(),
 ddp_comm_hook=zen.zen_hook)`` does what the callback ``ZenHook`` does, but Lightning (2.6) registers a strategy's
 hook on CUDA devices only and ignores it elsewhere, silently; ``ZenHook`` registers it on every device.

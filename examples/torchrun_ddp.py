@@ -6,6 +6,8 @@ dense MLP with top-k (each large parameter sends its largest quarter, the rest k
     torchrun --nproc-per-node 2 examples/torchrun_ddp.py           # train both, print zen's summary()
     torchrun --nproc-per-node 2 examples/torchrun_ddp.py --check   # and check the embedding model against
                                                                    # the same training without the hook
+The hook times dense against sparse per bucket: on one machine's loopback dense may win (bytes near 1x);
+``--check`` decides by density instead, so that sparse travel is checked.
 On GPUs: init_process_group("nccl"), the models and batches on cuda:LOCAL_RANK; the hook is the same line.
 """
 import argparse
