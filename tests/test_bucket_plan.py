@@ -124,3 +124,20 @@ def test_buckets_that_differ_raise_on_every_rank(when):
         assert step == expected_step, results
         assert "differ across ranks" in message and ("shape" in message or "numel" in message), message
     assert results[0][0][1] == results[1][0][1]
+
+
+def test_sparse_may_pay_only_well_below_the_rings_bytes():
+    """At full density Balanced Parallelism's bytes are the ring's (a reduce-scatter and an all-gather): such a
+    bucket is dense without timing anything. A bucket of a few rows may pay; one under SPARSE_BYTES (0.9) of the
+    ring's bytes may pay, one over it does not."""
+    from zen.bucket_plan import sparse_may_pay
+
+    segments = [(0, 512 * 512, 512), (512 * 512, 512, 1)]  # a weight of 512 rows of 512, a bias
+    full = torch.tensor([[512, 512, 512 * 512, 512]] * 2)  # per rank: bias elements, rows; weight elements, rows
+    assert not sparse_may_pay(full, segments, 4)
+    few = torch.tensor([[512, 512, 8 * 512, 8]] * 2)
+    assert sparse_may_pay(few, segments, 4)
+    # At two ranks the bound is about rows / 512 of the ring's bytes (push and pull each move half of the rows):
+    for rows, expected in ((400, True), (480, False)):  # 0.78 and 0.94 of the ring's
+        counts = torch.tensor([[0, 0, rows * 512, rows]] * 2)
+        assert sparse_may_pay(counts, segments, 4) == expected, rows

@@ -36,6 +36,11 @@ from .transport import Comm
 
 RECHECK_STEPS = 16
 
+# Sparse may pay where the bound below sends at most this fraction of a ring all-reduce's bytes. The bound leaves
+# out what a call adds (the hash's imbalance, the slots' headroom, headers, the local kernels); at full density
+# Balanced Parallelism is a reduce-scatter and an all-gather, within 0.2% of the ring's bytes.
+SPARSE_BYTES = 0.9
+
 # A parameter smaller than this stays elements: reducing it in a group of its own would cost a round more
 # than its rows could save (at most 4 bytes of index per element, 16 KiB: under one latency of a fast link).
 SMALL_PARAMETER = 4096
@@ -95,8 +100,8 @@ def group_counts(flat: torch.Tensor, segments: Sequence[Segment]) -> List[int]:
 
 
 def sparse_may_pay(counts: torch.Tensor, segments: Sequence[Segment], value_size: int) -> bool:
-    """Whether a sparse sum of the groups could send fewer bytes than a ring all-reduce of the whole bucket,
-    2 (n-1)/n M s_v, by a lower bound of what Balanced Parallelism sends: per group,
+    """Whether a sparse sum of the groups could send at most ``SPARSE_BYTES`` of a ring all-reduce's bytes for the
+    whole bucket, 2 (n-1)/n M s_v, by a lower bound of what Balanced Parallelism sends: per group,
     :func:`zen.cost.terms.balanced_bytes` with no imbalance and the pull's union the largest rank's entries,
     U = max_r k_r (gamma = U / mean_r k_r).
 
@@ -116,7 +121,7 @@ def sparse_may_pay(counts: torch.Tensor, segments: Sequence[Segment], value_size
             mean = sum(k) / n
             sparse += balanced_bytes(entries, mean / entries, n, max(k) / mean, 1.0, index_size(entries),
                                      width * value_size)
-    return sparse < dense_bytes(total, n, value_size)
+    return sparse <= SPARSE_BYTES * dense_bytes(total, n, value_size)
 
 
 def _micros(seconds: Optional[float]) -> int:
