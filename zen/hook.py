@@ -31,6 +31,7 @@ from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
 from .hierarchy import POLICY, check_hierarchy
 from .schemes.balanced import check_settings
+from .schemes.base import phase_range
 from .schemes.call import run_call
 from .totals import Totals
 from .transport import check_timeout, get_comm
@@ -397,10 +398,11 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     # On the user's group only where its timeout is within ZenState(timeout=)'s; else on the lane, as below.
     if planned and comm.user_group_in_time() and plans.dense_now(bucket.index(), layout, step):
         start = time.perf_counter()
-        buffer.div_(comm.world)
-        # seconds from the start: they include waiting for the ranks' backward to meet
-        future = comm.all_reduce_async(buffer, state.value_dtype, stream, lambda: state._record(
-            buffer, plans.dense_stats(buffer, comm), time.perf_counter() - start, last))
+        with phase_range(state.scheme, "dense_bucket"):  # its start only: the all-reduce runs in the backend
+            buffer.div_(comm.world)
+            # seconds from the start: they include waiting for the ranks' backward to meet
+            future = comm.all_reduce_async(buffer, state.value_dtype, stream, lambda: state._record(
+                buffer, plans.dense_stats(buffer, comm), time.perf_counter() - start, last))
     else:
         scheme = state.scheme_instance()
 
@@ -409,13 +411,14 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
             stats = {}
             state._check_same_settings(comm)
             buffer.div_(comm.world)  # divide before summing: no fp16 overflow, same as DDP's own allreduce
-            if sparsify:
-                _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
-            elif planned:
-                plans.run(comm, scheme, bucket.index(), parameters, buffer, segments, layout, step, stats)
-            else:
-                POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments,
-                           value_dtype=state.value_dtype, hierarchy=state.hierarchy, local_size=state.local_size)
+            with phase_range(state.scheme, "bucket"):
+                if sparsify:
+                    _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
+                elif planned:
+                    plans.run(comm, scheme, bucket.index(), parameters, buffer, segments, layout, step, stats)
+                else:
+                    POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments,
+                               value_dtype=state.value_dtype, hierarchy=state.hierarchy, local_size=state.local_size)
             state._record(buffer, stats, time.perf_counter() - start, last)
             return buffer
 
