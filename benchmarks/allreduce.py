@@ -244,6 +244,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
     blocks = {s: 1 for s in schemes}  # the block size each scheme's calls used
     spans = {s: [] for s in schemes}  # (start, end) of every timed call on this rank
     sent = {s: [] for s in schemes}
+    second_rounds = {s: [0, 0] for s in schemes}  # zen's calls whose push / pull took a second exchange
     phases = {s: {} for s in schemes}
     wrong = {s: 0 for s in schemes}
     counts = {s: args.iters for s in schemes}  # timed calls per scheme; grown after the warm-up
@@ -279,6 +280,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             if it >= args.warmup:
                 blocks[scheme] = stats.get("block_size", 1)
                 sent[scheme].append(stats.get("bytes_sent", float("nan")))
+                second_rounds[scheme][0] += bool(stats.get("push_overflow"))
+                second_rounds[scheme][1] += bool(stats.get("pull_overflow"))
                 for phase, seconds in stats.get("phases", {}).items():
                     phases[scheme].setdefault(phase, []).append(seconds)
                 bad = (x - truth).abs_() > tol * (truth.abs() + truth_max)
@@ -309,6 +312,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
         dist.all_reduce(w)
         b = torch.tensor([statistics.mean(sent[scheme])], dtype=torch.float64)
         dist.all_reduce(b)
+        second = torch.tensor(second_rounds[scheme], dtype=torch.int64)
+        dist.all_reduce(second, op=dist.ReduceOp.MAX)  # (alike on every rank: the agreed counts decide)
         median = statistics.median(t.tolist())
         # Ranks may record different phases (SparCML's folded ranks at world sizes that are no power of 2).
         every_phases = [None] * world
@@ -327,6 +332,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
             "time_predicted": predicted.get(scheme, float("nan")),
             "phases_ms": {p: sum(mine.get(p, 0.0) for mine in every_phases) * 1e3 / world for p in names},
             "copy_ms": copy_ms, "block_size": blocks[scheme],
+            "second_push_calls": int(second[0]), "second_pull_calls": int(second[1]),
             "settle_calls": settle_calls if scheme == "auto" else 0,
             "settle_s": settle_seconds if scheme == "auto" else 0.0,
             "auto_choice": instances[scheme].choice(comm, numel, blocks[scheme]) if scheme == "auto" else None,
@@ -398,8 +404,10 @@ def format_table(rows):
             predicted = r.get("phases_predicted_ms") or {}
             parts = "  ".join(f"{p} {v:.2f}" + (f"/{predicted[p]:.2f}" if p in predicted else "")
                               for p, v in r["phases_ms"].items())
+            second = (f"  (second exchange: push {r['second_push_calls']}, pull {r['second_pull_calls']} of "
+                      f"{r['calls']} calls)" if r.get("second_push_calls") or r.get("second_pull_calls") else "")
             lines.append(f"{r['numel']:>11} {r['nnz_per_rank']:>9.0f} {r['scheme']:>10}  b {r.get('block_size', 1):<4} "
-                         f"local/copy {r.get('local_vs_copy', float('nan')):5.2f}  {parts}")
+                         f"local/copy {r.get('local_vs_copy', float('nan')):5.2f}  {parts}{second}")
     return "\n".join(lines)
 
 
