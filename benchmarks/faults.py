@@ -105,7 +105,7 @@ def scenario(rank, world, timeout):
 
 def run(timeout: float) -> list:
     """The scenario on 4 local ranks (ranks 1 and 3 die in it): every rank's record, None for the dead."""
-    from zen.local import run_ranks
+    from zen.testing import run_ranks
 
     return run_ranks(4, scenario, timeout, timeout=300, pg_timeout=timeout, expect_dead=(1, 3))
 

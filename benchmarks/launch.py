@@ -14,7 +14,7 @@ Three ways, picked from the parsed arguments:
                           script with --from-env once per rank, each host in its own network namespace:
                           ``args.ranks_per_host`` ranks per host (1 where the script has no --ranks-per-host;
                           ``args.world`` must be a multiple of it), sharing the host's shaped link
-    local                 otherwise: ``args.world`` gloo ranks over loopback (zen.local.run_ranks)
+    local                 otherwise: ``args.world`` gloo ranks over loopback (zen.testing.run_ranks)
 
 A script without --from-env or --bandwidth (no such attribute) always runs local ranks.
 
@@ -77,7 +77,7 @@ def launch(args, fn, *fn_args, script=None, argv=None, timeout=3600, pg_timeout=
         return _from_env(fn, fn_args)
     if getattr(args, "bandwidth", None) or getattr(args, "bandwidth_per_core", None):
         return _emulated_cluster(args, script, argv, cluster_timeout)
-    from zen.local import run_ranks
+    from zen.testing import run_ranks
 
     return Launched(args.world, run_ranks(args.world, fn, *fn_args, timeout=timeout, pg_timeout=pg_timeout))
 
@@ -88,7 +88,7 @@ def _from_env(fn, fn_args):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="env://")
-    torch.set_num_threads(1)  # one thread per rank, as zen.local's ranks: the ranks may share the cores
+    torch.set_num_threads(1)  # one thread per rank, as zen.testing's ranks: the ranks may share the cores
     rank, world = dist.get_rank(), dist.get_world_size()
     result = fn(rank, world, *fn_args)
     dist.barrier()  # every rank tears its groups down together, after the last one's collectives

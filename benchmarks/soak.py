@@ -118,7 +118,7 @@ def same(a, b) -> bool:
 
 def soak_rank(rank, world, args):
     import zen
-    from zen.local import LocalBucket
+    from zen.testing import LocalBucket
 
     schemes = list(zen.SCHEMES) if args.schemes == "all" else args.schemes.split(",")
     calls = plan(args, schemes)

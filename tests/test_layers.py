@@ -17,7 +17,7 @@ LAYERS = {
     "zen.measurement": 6,
     "zen.auto": 7, "zen.topk": 7, "zen.hierarchy": 7, "zen.hierarchy_coo": 7, "zen.hierarchy_strided": 7,
     "zen": 8, "zen.collective": 8, "zen.hook": 8, "zen.bucket_plan": 8, "zen.totals": 8, "zen.prediction": 8, "zen.planner": 8, "zen.info": 8,
-    "zen.local": 8,
+    "zen.testing": 8,
 }
 NO_DISTRIBUTED = (0, 1, 2, 4)  # kernels, geometry and the cost model never import torch.distributed
 MAX_LINES = 450

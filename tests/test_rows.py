@@ -220,7 +220,7 @@ def _mixed_buckets(rank, world):
     import torch.distributed as dist
 
     import zen
-    from zen.local import LocalBucket
+    from zen.testing import LocalBucket
 
     zen.set_profile(**PROFILE)
     g = torch.Generator().manual_seed(7)  # the same on every rank

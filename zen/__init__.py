@@ -14,7 +14,7 @@ The package is layered; each layer imports only from the ones below it (tests/te
     5 fixed schemes         schemes (registry, base, call, one module per scheme)
     6 measurement           measurement (store, timing, kernels, probe, calibration, workload)
     7 policy                auto, topk, hierarchy, hierarchy_coo
-    8 face                  collective, hook, bucket_plan, totals, prediction, planner, info, local
+    8 face                  collective, hook, bucket_plan, totals, prediction, planner, info, testing
 """
 __version__ = "0.1.0"
 
