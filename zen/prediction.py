@@ -30,16 +30,16 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from . import cost, wire
-from .agreement import DTYPES, MismatchError, inspect_call
-from .cost import Profile, Workload, node_phases
+from .agreement import DTYPES, inspect_call
+from .cost import Profile, Workload
 from .geometry import sparse_rows
-from .hierarchy import POLICY, Scan, check_hierarchy
+from .hierarchy import check_hierarchy
+from .hierarchy.prediction import node_shard, node_step_times
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
 from .measurement.workload import measure_now
 from .schemes import Call, registered
 from .schemes.call import choose_rows, segment_entries
-from .topology import node_comms
 from .transport import get_comm
 
 
@@ -123,24 +123,10 @@ def _node_times(tensor, group, local_size, block_size) -> Optional[Dict[str, flo
     header, _ = inspect_call(tensor, "zen", True, None, comm.backend)
 
     def job():
-        topology = POLICY.topology(comm, local_size)
-        if topology.local_size is None:
-            raise MismatchError(f"zen.predict: hierarchy='node' needs nodes of equal size; {topology.describe()}")
-        intra, cross = node_comms(comm, topology)
-        # What the node call does inside the node: its plan from every node rank's counts, then the sum of
-        # the shards (here dense, on a copy: the same sums).
-        scan = Scan(tensor.detach().clone(), None, None)
-        scan.plan(intra.all_gather_rows(scan.counts), intra.world)
-        flat = scan.flat
-        intra.reduce_scatter(flat, scan.bounds)
-        shard = flat[scan.bounds[intra.rank]:scan.bounds[intra.rank + 1]]
+        # What the node call does inside the node, then its cross step measured as a flat call on the cross group.
+        intra, cross, scan, shard = node_shard(comm, tensor, local_size)
         workload, cross_profile = _measure_on(cross, header, shard, tensor, block_size, want_profile=True)
-        intra_profile = cached_profile(intra.user_group)
-        if intra_profile is None:
-            intra_profile = set_profile(intra.user_group, probe_now(intra))
-        shard_bytes = sum(workload.nnz) / workload.n * (8 + workload.value_size)
-        steps = node_phases(flat.numel(), flat.element_size(), intra.world, intra_profile,
-                            max(scan.entry_bytes) if scan.sparse else None, shard_bytes)
+        steps = node_step_times(intra, scan, workload)
         times = {name: t + sum(steps.values()) for name, t in predict_times(workload, cross_profile).items()}
         # The call ends with its slowest node and cross group: the largest over the ranks, the same on all.
         slowest = comm.all_gather_rows([round(t * 1e12) for t in times.values()]).max(dim=0).values

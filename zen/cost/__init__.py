@@ -59,11 +59,11 @@ from typing import Dict, Mapping
 
 from .estimate import estimate_workload, hash_imbalance_estimate, skewed_loads, uniform_growth, union_growth
 from .model import CALIBRATION_NUMELS, LOCAL_TIMES, PRIMITIVES, RATES, Profile, Workload
-from .terms import agree, balanced_bytes, dense_bytes, lines_bytes, node_phases
+from .terms import agree, balanced_bytes, dense_bytes, lines_bytes
 
 __all__ = ["Profile", "Workload", "LOCAL_TIMES", "CALIBRATION_NUMELS", "PRIMITIVES", "RATES", "predict_times",
            "predict_memory", "choose", "estimate_workload", "hash_imbalance_estimate", "skewed_loads",
-           "uniform_growth", "union_growth", "dense_bytes", "balanced_bytes", "lines_bytes", "node_phases"]
+           "uniform_growth", "union_growth", "dense_bytes", "balanced_bytes", "lines_bytes"]
 
 
 def predict_times(w: Workload, profile: Profile, formulas: Mapping) -> Dict[str, float]:

@@ -22,8 +22,8 @@ from typing import Optional, Tuple
 
 import torch.distributed as dist
 
-from . import agreement
-from .transport import Comm
+from .. import agreement
+from ..transport import Comm
 
 
 @dataclass(frozen=True)

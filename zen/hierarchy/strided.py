@@ -1,20 +1,14 @@
 """A node call's steps on a strided tensor (``zen.hierarchy``): sparse inside the node where the node's
-entries take fewer bytes than the tensor, else dense, as the call's :class:`zen.hierarchy.Scan` planned."""
+entries take fewer bytes than the tensor, else dense, as the call's :class:`zen.hierarchy.plan.Scan` planned."""
 import time
-from typing import Sequence
 
 import torch
 
-from . import wire
-from .schemes.base import phase_range
-from .schemes.call import Segment, run_call
-from .transport import Comm
-
-
-def shard_segments(segments: Sequence[Segment], lo: int, hi: int) -> list:
-    """The parts of ``segments`` within [lo, hi), as segments of that shard (offsets from lo)."""
-    return [(max(offset, lo) - lo, min(offset + numel, hi) - max(offset, lo), row)
-            for offset, numel, row in segments if offset < hi and offset + numel > lo]
+from .. import wire
+from ..schemes.base import phase_range
+from ..schemes.call import run_call
+from ..transport import Comm
+from .plan import shard_segments
 
 
 def _positions(starts: torch.Tensor, b: int) -> torch.Tensor:

@@ -4,11 +4,11 @@ import time
 
 import torch
 
-from . import wire
-from .geometry import rows_to_sparse, sparse_rows
-from .schemes.base import phase_range
-from .schemes.call import run_call
-from .transport import Comm
+from .. import wire
+from ..geometry import rows_to_sparse, sparse_rows
+from ..schemes.base import phase_range
+from ..schemes.call import run_call
+from ..transport import Comm
 
 
 def node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, block_size, setting) -> dict:
