@@ -8,7 +8,7 @@ candidate's time (``zen.cost.predict_times``) and reduces with the smallest mean
 measuring calls of the current window. The model's error on a noisy host exceeds the gap between
 the best schemes where they nearly tie, so the next calls are trials: every candidate predicted within
 ``trial_margin`` times the best runs ``trials`` calls (interleaved), each timed from the last rank's start
-to the last one's end (one all-gather of three int64 per trial call; ``zen.measurement.timing.call_seconds``),
+to the last one's end (one all-gather of three int64 per trial call; ``zen.measurement.timing.trial_seconds``),
 and the pick is the smallest median time (a median of 3 by default: a scheme's first call may pay one-off
 costs, such as zen's index sets I_j). Other calls go straight to the pick. Every number a decision uses
 was exchanged (rank 0's profile, everyone's counts, the calls' times), so all ranks pick the same.
@@ -46,7 +46,7 @@ from . import ops, wire
 from .cost import choose, predict_times
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
-from .measurement.timing import call_seconds, clock_id
+from .measurement.timing import trial_seconds
 from .measurement.workload import measure_now
 from .schemes import Call, Scheme, registered
 from .schemes.base import phase_range
@@ -234,15 +234,11 @@ class Auto(Scheme):
         return names
 
     def _timed(self, call: Call, key, name: str, start: float) -> None:
-        """After a trial call: record its time on the group (``zen.measurement.timing.call_seconds``: from the last
+        """After a trial call: record its time on the group (``zen.measurement.timing.trial_seconds``: from the last
         rank's start to the last one's end); after the last trial, pick the smallest median."""
         if not call.stats["auto"].get("trial"):
             return
-        end = time.perf_counter()
-        with phase_range(self.name, "trial_time"):
-            rows = call.comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
-        seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows],
-                               [row[0] for row in rows])[0] / 1e9
+        seconds = trial_seconds(call.comm, start, self.name)
         history = self._history[(call.comm,) + key]
         history.timings.setdefault(name, []).append(seconds)
         call.stats["auto"]["seconds"] = seconds

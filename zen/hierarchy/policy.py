@@ -16,8 +16,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..agreement import HIERARCHIES, MismatchError
-from ..measurement.timing import call_seconds, clock_id
-from ..schemes.base import phase_range
+from ..measurement.timing import trial_seconds
 from ..schemes.call import Segment, call_header, run_call
 from ..transport import Comm
 from .node import node_call
@@ -129,10 +128,7 @@ class Hierarchy:
 
     def _timed(self, comm: Comm, key, mode: str, start: float, stats: Optional[dict]) -> None:
         """Record a trial call's time on the group (the same on every rank); after the last, pick."""
-        end = time.perf_counter()
-        with phase_range("hierarchy", "trial_time"):
-            rows = comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
-        seconds = call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows], [row[0] for row in rows])[0] / 1e9
+        seconds = trial_seconds(comm, start, "hierarchy")
         history = self._trials[key]
         history.times[mode].append(seconds)
         if all(len(t) == self.trials for t in history.times.values()):

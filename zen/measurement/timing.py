@@ -7,6 +7,7 @@ import statistics
 import time
 from typing import List, Tuple
 
+from ..schemes.base import phase_range
 from ..transport import Comm
 
 PS = 1e12  # times travel between ranks as integer picoseconds
@@ -50,6 +51,18 @@ def call_seconds(starts, ends, clocks) -> List[float]:
     if len(set(clocks)) == 1:
         return [max(ends_i) - max(starts_i) for starts_i, ends_i in calls]
     return [max(end - start for start, end in zip(starts_i, ends_i)) for starts_i, ends_i in calls]
+
+
+def trial_seconds(comm: Comm, start: float, owner: str) -> float:
+    """The time on the group of a trial call that this rank started at ``start`` (``time.perf_counter``) and has
+    just ended, the same on every rank: one all-gather of three int64 per rank (its :func:`clock_id`, start and
+    end in ns), then :func:`call_seconds` (from the last rank's start to the last one's end). The one trial timer
+    of the policies that time their options (``scheme="auto"``, ``hierarchy="auto"``); the exchange runs under
+    the profiler's range ``zen::<owner>::trial_time``."""
+    end = time.perf_counter()
+    with phase_range(owner, "trial_time"):
+        rows = comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
+    return call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows], [row[0] for row in rows])[0] / 1e9
 
 
 def together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=None) -> List[List[float]]:
