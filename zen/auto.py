@@ -63,11 +63,6 @@ class _History:
         self.pruned = False  # (by trials) the first round, one call each, has been cut to the near ties
 
 
-class _Unprofiled(Exception):
-    """Raised alike on every rank by a measuring call's agreement when some rank has no profile and "auto"
-    ranks by trials rather than probe."""
-
-
 class Auto(Scheme):
     name = "auto"
 
@@ -188,22 +183,20 @@ class Auto(Scheme):
         def agree(row):  # the call's agreement, of [has a profile, nnz]: where a rank has none, trials decide
             rows = call.agree(row)
             agreed.append(rows)
-            if not self.probe and self.trials and any(r[0] == 0 for r in rows.tolist()):
-                raise _Unprofiled()
-            return rows
+            unprofiled = not self.probe and self.trials and any(r[0] == 0 for r in rows.tolist())
+            return None if unprofiled else rows  # None: the measurement stops after the agreement
 
-        try:
-            with phase_range(self.name, "measure"):
-                workload, profile = measure_now(comm, agree, indices, values, numel, dense_input,
-                                                -(-self.block_size // width), own, probe=lambda: probe_now(comm),
-                                                row_choice=call.choosing)
-        except _Unprofiled:
+        with phase_range(self.name, "measure"):
+            measured = measure_now(comm, agree, indices, values, numel, dense_input, -(-self.block_size // width),
+                                   own, probe=lambda: probe_now(comm), row_choice=call.choosing)
+        if measured is None:  # some rank has no profile: this window ranks by trials
             names = self._candidates(agreed[0][:, 1].tolist(), numel, values, dense_input)
             history.window, history.timings, history.by_trials, history.pruned = [], {}, True, False
             history.choice, history.trials = names[0], names[1:]
             call.stats["auto"] = dict(choice=names[0], measured=False, trial=True,
                                       seconds_measuring=time.perf_counter() - measuring)
             return names[0]
+        workload, profile = measured
         measuring = time.perf_counter() - measuring
         if own is None:  # keep the agreed profile: the probe runs once per group
             set_profile(comm.user_group, profile)

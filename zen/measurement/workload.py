@@ -39,12 +39,14 @@ def _indices_of(bitmap: torch.Tensor, first_byte: int):
 
 def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: bool, block_size: int = 256,
                 profile: Optional[Profile] = None, probe: Optional[Callable[[], Profile]] = None,
-                row_choice: bool = False) -> Tuple[Workload, Optional[Profile]]:
+                row_choice: bool = False) -> Optional[Tuple[Workload, Optional[Profile]]]:
     """Measure the workload of all-reducing (indices, values) over [0, numel) entries (collective, on the
     lane); values [k] or rows [k, b], ``block_size`` OmniReduce's in entries; ``row_choice``: the call it
     measures chooses its block size (for the cost model's agreement).
 
-    ``agree(row)`` is the first collective (the call's agreement), of [has a profile, nnz]. With ``probe``
+    ``agree(row)`` is the first collective (the call's agreement), of [has a profile, nnz]; it returns the
+    agreed rows, or None where the caller stops after the agreement (alike on every rank, as it decides on the
+    agreed rows): then measure_now returns None and sends nothing more. With ``probe``
     (the network probe, collective: ``zen.measurement.probe.probe_now`` bound to the group), ranks without a
     profile run it (all ranks take part when one lacks it) and rank 0's profile is returned; without, no profile
     is exchanged and None is returned. The last exchange, an all-gather, carries the union counts per doubling
@@ -61,7 +63,10 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
     bounds = block_bounds(numel, block_size, n)
     bound_tensor = torch.tensor(bounds, dtype=torch.int64, device=device)
     block_cuts = torch.searchsorted(torch.unique_consecutive(idx // block_size), bound_tensor).tolist()
-    rows = agree([1 if profile is not None else 0, idx.numel()]).tolist()
+    agreed = agree([1 if profile is not None else 0, idx.numel()])
+    if agreed is None:
+        return None
+    rows = agreed.tolist()
     if probe is not None and any(r[0] == 0 for r in rows):
         probed = probe()
         profile = profile or probed
