@@ -1,4 +1,4 @@
-"""The cost model's formulas against hand-computed values and the design notes' closed forms; the
+"""The cost model's formulas against hand-computed values and the closed forms of zen.cost's docstring; the
 estimates' properties; the planner command. No process group needed."""
 import dataclasses
 import json

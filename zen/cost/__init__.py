@@ -1,4 +1,5 @@
-"""zen's cost model: the design notes' formulas, with latency and local compute terms, for every scheme.
+"""zen's cost model: the closed forms below (ZEN, OSDI 2025, for zen and SparCML), with latency and local
+compute terms, for every scheme (docs/cost_model.md: what the probe measures, and the planner).
 
 Notation: n ranks, M elements, k_r non-zeros on rank r (k their mean, d = k / M the density), U the size of
 the union of all ranks' non-zeros, gamma = U / k, lambda = heaviest partition / mean partition, s_i and s_v

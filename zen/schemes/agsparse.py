@@ -7,7 +7,8 @@
 
 The gather is an all-to-all of n copies of the rank's piece (``Comm.all_gather_bytes``): each rank sends
 exactly its (n-1) k_r (s_i + s_v) bytes and receives sum_{q != r} k_q (s_i + s_v). A padded ``all_gather`` would cost
-(n-1) k_max (s_i + s_v) on every rank (the design notes' formula), and gloo has no all-gather of uneven sizes.
+(n-1) k_max (s_i + s_v) on every rank (:mod:`zen.cost`'s closed form with k_max for k), and gloo has no
+all-gather of uneven sizes.
 
 Cost: T = max_r max((n-1) k_r, sum_{q != r} k_q) (s_i + s_v) / b, which is (n-1) k (s_i + s_v) / b for equal
 k_r: it beats dense only when d < 2 s_v / (n (s_i + s_v)). Every rank holds all n pieces at once, which is
