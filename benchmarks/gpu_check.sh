@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU: build zen with its CUDA kernels, run the kernel tests on the GPU, then
-# benchmarks/gpu_kernels.py (speed beside a device-to-device copy; every result checked against the CPU
-# op). Arguments go to gpu_kernels.py, e.g. `bash benchmarks/gpu_check.sh --json results/gpu.json`.
+# On a machine with a CUDA GPU: build zen with its CUDA kernels, run the kernel tests (tests/test_kernels.py,
+# tests/test_select.py) on the GPU, then benchmarks/gpu_kernels.py (speed beside a device-to-device copy;
+# every result checked against the CPU op). Arguments go to gpu_kernels.py, e.g.
+# `bash benchmarks/gpu_check.sh --json results/gpu.json`.
 # PYTHON selects the interpreter (default python3). Exits non-zero if the build, a test or a check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,13 +19,17 @@ echo "gpu_check: building (FORCE_CUDA=1)"
 FORCE_CUDA=1 "$PY" -m pip install --no-build-isolation --no-deps -e . || { echo "gpu_check: build FAILED"; exit 1; }
 "$PY" -c "import zen._C as c, sys; sys.exit(0 if c.has_cuda_kernels() else 'gpu_check: built without the CUDA kernels')" || exit 1
 
+# Every kernel test: the files that run on ZEN_TEST_DEVICE (tests/conftest.py's DEVICE). A missing file fails.
 tests_rc=0
-if [[ -f tests/test_kernels.py ]]; then
-  echo "gpu_check: tests/test_kernels.py on cuda"
-  ZEN_TEST_DEVICE=cuda "$PY" -m pytest -q tests/test_kernels.py || tests_rc=$?
-else
-  echo "gpu_check: tests/test_kernels.py not found, tests skipped"
-fi
+for kernel_tests in tests/test_kernels.py tests/test_select.py; do
+  if [[ -f "$kernel_tests" ]]; then
+    echo "gpu_check: $kernel_tests on cuda"
+    ZEN_TEST_DEVICE=cuda "$PY" -m pytest -q "$kernel_tests" || tests_rc=$?
+  else
+    echo "gpu_check: $kernel_tests not found"
+    tests_rc=1
+  fi
+done
 
 echo "gpu_check: benchmark"
 bench_rc=0
