@@ -96,13 +96,20 @@ def _compiled(rank, world, steps):
 
     torch.manual_seed(0)
     base = EmbeddingModel(vocab=4000, dim=16)
-    results = []
+    results, graphs = [], []
+
+    def recording_aot_eager(gm, example_inputs):
+        """aot_eager, recording the call targets of each graph it compiles (a run that fell back to eager
+        compiles none)."""
+        graphs.append([str(node.target) for node in gm.graph.nodes if node.op in ("call_function", "call_module")])
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
     for compiled in (False, True):
         model = copy.deepcopy(base)
         ddp = DDP(model)
         state = zen.ZenState(dense_threshold=0.5)  # the sparse path every step (not timed against dense)
         ddp.register_comm_hook(state, zen.zen_hook)
-        run = torch.compile(ddp, backend="aot_eager") if compiled else ddp
+        run = torch.compile(ddp, backend=recording_aot_eager) if compiled else ddp
         opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
         for tokens in batches(rank, steps, 4000):
             opt.zero_grad()
@@ -111,14 +118,17 @@ def _compiled(rank, world, steps):
         results.append(([p.detach().clone() for p in model.parameters()], state.summary()))
     (eager, eager_summary), (compiled, summary) = results
     # Compared here: a tensor put on the queue is shared memory, gone when its rank exits.
-    return [torch.equal(a, b) for a, b in zip(eager, compiled)], eager_summary, summary
+    return [torch.equal(a, b) for a, b in zip(eager, compiled)], eager_summary, summary, graphs
 
 
 def test_torch_compile_aot_eager_is_bit_identical():
     """torch.compile(backend="aot_eager") of a DDP model with the hook trains to the very parameters of the
     eager one; the hook ran each compiled step, on the sparse path, sending what the eager one sent."""
     steps = 3
-    for equal, eager_summary, summary in run_ranks(2, _compiled, steps):
+    for equal, eager_summary, summary, graphs in run_ranks(2, _compiled, steps):
+        # compiled for real: the backend got the model's forward as a graph (the embedding, the head's linear)
+        targets = " ".join(t for graph in graphs for t in graph).lower()
+        assert graphs and "embedding" in targets and "linear" in targets, graphs
         assert equal == [True] * 3, equal
         assert summary["steps"] == steps and sparse_path_ran(summary, steps), summary
         assert summary["bytes_sent"] == eager_summary["bytes_sent"], (summary, eager_summary)

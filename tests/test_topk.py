@@ -412,21 +412,31 @@ def test_ranks_with_different_settings_all_raise():
 
 
 def _nan(rank, world):
+    """At the first top-k step, rank 1 holds NaN at 1234, +Inf at 77 and 5, rank 0 -Inf at 77 and 99: plain DDP's
+    all-reduce gives NaN at 1234 and 77 (Inf - Inf), +Inf at 5, -Inf at 99, and finite values elsewhere."""
     import zen
 
     state = zen.ZenState(topk_ratio=0.001, warmup_steps=2, min_numel=1)
     for step in range(3):
         grad = _gradient(10_000, rank + step)
-        if step == 2 and rank == 1:
-            grad[1234] = float("nan")
-            grad[77] = float("inf")
+        if step == 2:
+            for at, value in ({1234: "nan", 77: "inf", 5: "inf"} if rank == 1 else {77: "-inf", 99: "-inf"}).items():
+                grad[at] = float(value)
+        dense = grad / world  # plain DDP's average
+        dist.all_reduce(dense)
         out = zen.zen_hook(state, LocalBucket(grad, is_last=True)).wait()
-    assert torch.isnan(out[1234]) and (torch.isinf(out[77]) or torch.isnan(out[77]))
-    return True
+    return out, dense
 
 
 def test_nan_and_inf_propagate_as_in_plain_ddp():
-    assert all(run_ranks(2, _nan))
+    """Elementwise against plain DDP's all-reduce of the same gradients: NaN exactly where it has NaN, the same
+    signed Inf exactly where it has Inf (top-k sends non-finite entries first); finite everywhere else."""
+    for out, dense in run_ranks(2, _nan):
+        assert torch.isnan(dense).nonzero().view(-1).tolist() == [77, 1234]  # the case is as built
+        assert torch.equal(torch.isnan(out), torch.isnan(dense)), torch.isnan(out).nonzero().view(-1).tolist()
+        inf = torch.isinf(dense)
+        assert inf.nonzero().view(-1).tolist() == [5, 99]
+        assert torch.equal(torch.isinf(out), inf) and torch.equal(out[inf], dense[inf]), out[inf]
 
 
 def _value_dtype(rank, world, dtype, ratio):
