@@ -1,9 +1,11 @@
 """README promises that had no test: integer wrap-around and signed zeros as dist.all_reduce gives them, a
-ZenState's timeout and Work.exception() after a failure, and the hook's error_feedback=False, density_ramp and
-log_every, each against dist.all_reduce of the same data or by its observable effect."""
+ZenState's timeout and Work.exception() after a failure, the hook's error_feedback=False, density_ramp and
+log_every, the candidates a failed all-gather names at 3 ranks, Auto(probe=True), and gpu_check.sh running every
+kernel test on CUDA, each against dist.all_reduce of the same data or by its observable effect."""
 import datetime
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -227,3 +229,88 @@ def test_work_exception_after_a_failure(hooked):
     raised, same, completed, success, text = hooked[0]["work"]
     assert raised == "BrokenGroupError" and same and completed and not success, hooked[0]["work"]
     assert "unusable" in text and "did not answer within the timeout (2 s)" in text, text
+
+
+# --- a dead peer among three: the candidates named (3 ranks) -------------------------------------------------
+def _dead_among_three(rank, world):
+    """Rank 2 exits once zen's group is made; ranks 0 and 1 then call: the agreement (a plain all-gather of
+    rows: no plan follows the first call's) waits on both peers, and gloo's error does not say which died."""
+    import os
+
+    import zen
+
+    zen.all_reduce(torch.ones(4), hierarchy="flat")  # zen's groups made on all three
+    dist.barrier()
+    if rank == 2:
+        os._exit(0)
+    try:
+        zen.all_reduce(torch.ones(1000), hierarchy="flat")
+    except Exception as error:  # noqa: BLE001  (checked by the parent)
+        return type(error).__name__, str(error), getattr(error, "peers", None)
+    return "ok", "", None
+
+
+def test_a_failed_all_gather_at_three_ranks_names_the_candidates():
+    results = run_ranks(3, _dead_among_three, expect_dead=(2,), pg_timeout=20, timeout=120)
+    for rank in (0, 1):
+        kind, message, peers = results[rank]
+        others = [q for q in range(3) if q != rank]
+        assert kind == "PeerError" and peers == tuple(others), results[rank]
+        assert message.startswith(f"zen: an all-gather of rows failed on rank {rank} (group rank {rank});"), message
+        assert f"one of ranks {others} (group ranks {others}; the backend does not say which)" in message, message
+
+
+# --- Auto(probe=True): the group probed once, the model decides (3 ranks) ----------------------------------
+def _auto_probe(rank, world):
+    """Per setting, on a group of its own (no profile yet): three calls, the third of another size (a
+    measuring call again). The probe (10-30 s) is stood in for by one that records its calls."""
+    import zen
+    import zen.auto
+    from zen.auto import Auto
+    from zen.measurement.store import cached_profile, make_profile
+
+    from cases import make
+
+    fake = make_profile("1gbit", "50us")
+    probed = []
+    zen.auto.probe_now = lambda comm: probed.append(comm.world) or fake
+    out = {}
+    for probe in (True, False):
+        group = dist.new_group(list(range(world)))
+        scheme, calls = Auto(probe=probe), []
+        for i, numel in enumerate((20000, 20000, 30000)):
+            x = make("uniform", numel, 0.01, rank, world, seed=i)
+            expected = x.clone()
+            dist.all_reduce(expected)
+            stats = {}
+            zen.all_reduce(x, group=group, scheme=scheme, stats=stats, hierarchy="flat")
+            calls.append((torch.equal(x, expected), dict(stats["auto"]), len(probed)))
+        kept = cached_profile(group)  # rank 0's probed profile, through the codec (B/s as int, s as int ps)
+        links = lambda profile: (int(profile.bandwidth), round(profile.latency * 1e12))  # noqa: E731
+        out[probe] = calls, None if kept is None else links(kept) == links(fake)
+    return out
+
+
+def test_auto_probe_probes_once_per_group_and_the_model_decides():
+    for out in run_ranks(3, _auto_probe, timeout=120):
+        calls, kept = out[True]
+        assert all(exact for exact, _, _ in calls), calls
+        # the first call probed (no rank had a profile) and measured; none after it probed again
+        assert [n for _, _, n in calls] == [1, 1, 1] and kept is True, (calls, kept)
+        assert calls[0][1]["measured"] is True and calls[2][1]["measured"] is True, calls
+        # without probe=True the window ranks by trials: no probe, no profile kept
+        calls, kept = out[False]
+        assert all(exact for exact, _, _ in calls), calls
+        assert [n for _, _, n in calls] == [1, 1, 1] and kept is None, (calls, kept)  # (1: the first group's)
+        assert calls[0][1]["measured"] is False and calls[0][1]["trial"] is True, calls
+
+
+def test_gpu_check_runs_every_kernel_test_on_cuda():
+    """benchmarks/gpu_check.sh runs on CUDA every test file that runs on ZEN_TEST_DEVICE (conftest's DEVICE)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = (root / "benchmarks" / "gpu_check.sh").read_text()
+    imports = re.compile(r"^from conftest import .*\bDEVICE\b", re.MULTILINE)
+    on_device = sorted(p.name for p in (root / "tests").glob("test_*.py") if imports.search(p.read_text()))
+    assert on_device and all(f"tests/{name}" in script for name in on_device), on_device
