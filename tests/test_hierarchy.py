@@ -54,8 +54,18 @@ def _exact(rank, world, local_size):
             failures.append(f"coo/{scheme}: result not a coalesced [k, 4, 2] sparse tensor")
     for dtype in (torch.float64, torch.float16, torch.bfloat16, torch.int64):
         check(f"{dtype}", make("uniform", 3000, 0.1, rank, world, seed=7, dtype=dtype), scheme="zen")
+    from test_wire_bytes import Wire
+
+    wire = Wire()  # counts what reaches torch.distributed, per group
+    wire.on = True
     stats = check("stats", make("uniform", 100000, 0.01, rank, world, seed=3), scheme="zen")
-    return failures, modes, intra, {k: stats.get(k) for k in ("nodes", "local_size", "inter_bytes", "intra_bytes")}
+    wire.on = False
+    # a cross-node group: one rank of each of several nodes (nodes of local_size consecutive ranks)
+    crossing = [nbytes for (_, nbytes, _), ranks in zip(wire.log, wire.groups)
+                if len(ranks) > 1 and len({r // local_size for r in ranks}) == len(ranks)]
+    stats = dict(stats, counted_cross=sum(crossing))
+    keys = ("nodes", "local_size", "inter_bytes", "intra_bytes", "counted_cross")
+    return failures, modes, intra, {k: stats.get(k) for k in keys}
 
 
 @pytest.mark.parametrize("world", [4, 6])
@@ -65,7 +75,13 @@ def test_every_scheme_exact_across_nodes(world):
         assert modes == {"node"}
         assert intra == {True, False}  # sparse and dense steps inside the node both ran
         assert stats["nodes"] == world // 2 and stats["local_size"] == 2
-        assert 0 < stats["inter_bytes"] and 0 < stats["intra_bytes"]
+        # inter_bytes: what crossed the nodes, counted at torch.distributed on the cross-node group, less the
+        # agreement's rows of the cross call (13 header fields, the count, max(2N + 1, N + 8) = N + 8 slots for
+        # zen's numbers, to each of the other N - 1 nodes)
+        nodes = world // 2
+        rows = (nodes - 1) * 8 * (13 + 1 + nodes + 8)
+        assert 0 < stats["inter_bytes"] == stats["counted_cross"] - rows, (stats, rows)
+        assert 0 < stats["intra_bytes"]
 
 
 def _detect(rank, world, env):
