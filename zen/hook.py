@@ -85,7 +85,7 @@ class ZenState:
                  "selection", "density_ramp", "reestimate_every", "global_topk", "value_dtype", "hierarchy",
                  "local_size", "_scheme", "_comm", "last_stats",
                  "_totals", "_residuals", "_ordinals", "_layouts", "_plans", "_selector", "_checked", "_unpickled", "_unended",
-                 "_first_step", "_warned_models"]
+                 "_in_backward", "_first_step", "_warned_models"]
 
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, scheme: str = "zen",
                  dense_threshold: Optional[float] = None, num_probes: Optional[int] = None, table_factor: float = 2.0,
@@ -145,6 +145,7 @@ class ZenState:
         self._checked = False
         self._unpickled = False
         self._unended = []  # futures of this step's buckets, hooked inside backward, while none was is_last()
+        self._in_backward = {}  # graph task id -> futures of the buckets hooked in that backward
         self._first_step = None  # the step on which this process's hook first saw parameters
         self._warned_models = False
 
@@ -272,15 +273,17 @@ class ZenState:
         self.last_stats = stats
         self._totals.record(buffer.numel(), buffer.element_size(), self._comm.world, stats, seconds, last)
 
-    def _end_of_backward(self, future: torch.futures.Future) -> None:
-        """A callback of the backward in which a bucket's hook ran, run at its end (after DDP has called every
-        bucket's hook). It waits for the bucket's future and so raises its error whole: DDP's reducer reads a
-        failed future's value as a tensor ("Unable to cast <the error> to Tensor"), losing the error's type.
+    def _end_of_backward(self, task: int) -> None:
+        """The callback of a backward (graph task ``task``) in which buckets were hooked, run at its end (after
+        DDP has called every bucket's hook). It waits for those buckets' futures and so raises an error whole:
+        DDP's reducer reads a failed future's value as a tensor ("Unable to cast <the error> to Tensor"),
+        losing the error's type.
 
         A step ends with its bucket that is_last(), but DDP's first ``static_graph`` iteration hands every
         bucket as index 0, none last: such a step ends here, at the end of the outermost backward (where no
         autograd node runs; a reentrant checkpoint's backward is nested in one), once its buckets are done."""
-        future.wait()
+        for future in self._in_backward.pop(task, ()):
+            future.wait()
         if self._unended and torch._C._current_autograd_node() is None:
             for pending in self._unended:
                 pending.wait()
@@ -314,7 +317,8 @@ class ZenState:
 
     def __getstate__(self):
         return {name: getattr(self, name) for name in self.__slots__
-                if name not in ("process_group", "_comm", "_scheme", "_ordinals", "_plans", "_unended", "_first_step")}
+                if name not in ("process_group", "_comm", "_scheme", "_ordinals", "_plans", "_unended", "_in_backward",
+                                "_first_step")}
 
     def __setstate__(self, state):
         self.process_group = None
@@ -324,7 +328,7 @@ class ZenState:
         self._totals = Totals(state.get("scheme", "zen"))
         self._ordinals = WeakIdKeyDictionary()
         self._plans = None
-        self._unended = []
+        self._unended, self._in_backward = [], {}
         self._first_step, self._warned_models = None, False
         self.hierarchy, self.local_size = "auto", None  # (a state pickled before these settings)
         for name, value in state.items():
@@ -423,7 +427,11 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
             return buffer
 
         future = comm.submit(job, stream)
-    if torch._C._current_graph_task_id() != -1:  # inside backward
+    task = torch._C._current_graph_task_id()
+    if task != -1:  # inside backward
         state._unended = [] if last else state._unended + [future]
-        torch.autograd.Variable._execution_engine.queue_callback(lambda: state._end_of_backward(future))
+        if task not in state._in_backward:  # one callback per backward, for all its buckets
+            state._in_backward[task] = []
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: state._end_of_backward(task))
+        state._in_backward[task].append(future)
     return future
