@@ -107,6 +107,9 @@ def workload_tensor(args, numel, density, rank, step):
     return grad.view(corpus.vocab_size, args.text_dim)  # the table's shape: zen may reduce it as rows
 
 
+TENSOR_COPIES = 6  # copies of a case's tensor a rank holds at once, with a margin (see main)
+
+
 def cases(args):
     if args.workload == "text":
         import workloads
@@ -411,6 +414,45 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+EMULATED_COMMAND = "sudo python benchmarks/allreduce.py --world 16 --bandwidth-per-core 1gbit --workload text --text-dim 64"
+
+
+def verdict(rows) -> str:
+    """The table's verdict, from its own rows: the fastest scheme of each case (numel, density), zen's time
+    against it, and what would move zen ahead, each figure read off the rows (ranks, the overlap of ranks'
+    indices: sum of the ranks' non-zeros over the union's, 1.00x where no two ranks share an index; the link)."""
+    cases = {}
+    for r in rows:
+        cases.setdefault((r["numel"], r["nnz_per_rank"]), []).append(r)
+    lines = ["", "verdict:"]
+    zen_behind = False
+    for (numel, nnz), case in cases.items():
+        best = min(case, key=lambda r: r["time_median"])
+        zens = [r for r in case if r["scheme"].partition("@")[0] == "zen"]
+        text = (f"  numel {numel}, density {nnz / numel:.2%}: fastest {best['scheme']} "
+                f"{best['time_median'] * 1e3:.2f} ms")
+        if zens:
+            zen = min(zens, key=lambda r: r["time_median"])
+            ratio = zen["time_median"] / best["time_median"]
+            zen_behind |= zen is not best
+            text += ("; zen is the fastest" if zen is best else
+                     f"; {zen['scheme']} {zen['time_median'] * 1e3:.2f} ms, {ratio:.2f}x the fastest's time")
+        lines.append(text)
+    if not any(r["scheme"].partition("@")[0] == "zen" for r in rows):
+        return "\n".join(lines + ["  (zen was not among --schemes)"])
+    world = rows[0]["world"]
+    overlap = max(r["nnz_per_rank"] * world / max(r["union_density"] * r["numel"], 1) for r in rows)
+    link = rows[0].get("link_bps", float("nan"))
+    where = "loopback (no link set)" if math.isnan(link) else f"{link / 1e9:.2f} Gbit/s per host"
+    lines.append(("  zen wins where " if zen_behind else "  zen leads here; it leads further where ")
+                 + f"more ranks share the call (here {world}), ranks' indices overlap more (here at most "
+                 f"{overlap:.2f}x: sum of the ranks' non-zeros over the union's) and links are slower (here {where}): "
+                 "zen's bytes per rank follow the union split over the ranks, where agsparse's and sparcml's "
+                 "grow with the ranks' total")
+    lines.append(f"  on an emulated cluster (root): {EMULATED_COMMAND}")
+    return "\n".join(lines)
+
+
 def bench(rank, world, args):
     """One rank's whole run, under --schedule where given; returns the rows (rank 0's are printed)."""
     from zen import schedules
@@ -483,6 +525,7 @@ def report(rows, args):
 
         print(f"links: {link_text(args)}; floor: the time the link needs for a rank's bytes sent; eff: floor / time")
     print(format_table(rows))
+    print(verdict(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -526,6 +569,9 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
+    # What a rank holds of a case at once (the input, the reference sum, the call's copy, the schemes' buffers
+    # and zen's index sets, each about the tensor's size): an emulated cluster refuses a world it would not fit.
+    args.workload_bytes = TENSOR_COPIES * max(numel for numel, _ in cases(args)) * DTYPES[args.dtype].itemsize
     if not args.from_env:  # said at once: the ranks take seconds to start, and the first case probes the links
         from launch import link_text
 

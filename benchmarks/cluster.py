@@ -137,19 +137,22 @@ def per_core_rate(per_core_bps, ranks, ranks_per_host=1, cores=None):
     return per_core_bps * cores / ranks * ranks_per_host
 
 
-def check_memory(ranks, available=None):
-    """ValueError, before any rank starts, where ``ranks`` torch ranks (RANK_BYTES each) would not fit the
-    memory this machine has available (MemAvailable of /proc/meminfo)."""
+def check_memory(ranks, available=None, workload_bytes=0):
+    """ValueError, before any rank starts, where ``ranks`` torch ranks (RANK_BYTES each, and ``workload_bytes``
+    more each for what the script holds) would not fit the memory this machine has available (MemAvailable of
+    /proc/meminfo)."""
     if available is None:
         try:
             with open("/proc/meminfo") as f:
                 available = int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
         except (OSError, AttributeError):
             return
-    need = ranks * RANK_BYTES
+    each = RANK_BYTES + workload_bytes
+    need = ranks * each
     if need > available:
-        raise ValueError(f"{ranks} ranks need about {need / 2**30:.1f} GiB of memory ({RANK_BYTES / 2**30:.1f} GiB "
-                         f"each); this machine has {available / 2**30:.1f} GiB available: use fewer ranks")
+        raise ValueError(f"{ranks} ranks need about {need / 2**30:.1f} GiB of memory ({each / 2**30:.1f} GiB "
+                         f"each); this machine has {available / 2**30:.1f} GiB available: use fewer ranks"
+                         + (" or a smaller workload" if workload_bytes else ""))
 
 
 def format_bits_per_second(bps):
@@ -266,7 +269,8 @@ class EmulatedCluster:
     """
 
     def __init__(self, ranks, bandwidth="1gbit", latency=0.0, master_port=29500, mtu=1500,
-                 queue_ms=50.0, verbose=True, congestion_control=CONGESTION_CONTROL, ranks_per_host=1):
+                 queue_ms=50.0, verbose=True, congestion_control=CONGESTION_CONTROL, ranks_per_host=1,
+                 workload_bytes=0):
         ranks, per_host = int(ranks), int(ranks_per_host)
         if per_host < 1:
             raise ValueError(f"ranks per host must be at least 1, not {per_host}")
@@ -275,7 +279,7 @@ class EmulatedCluster:
         if ranks % per_host != 0:
             raise ValueError(f"{ranks} ranks do not split into hosts of {per_host}: "
                              f"ranks must be a multiple of ranks per host")
-        check_memory(ranks)
+        check_memory(ranks, workload_bytes=workload_bytes)
         self.ranks = ranks
         self.ranks_per_host = per_host
         self.hosts = ranks // per_host

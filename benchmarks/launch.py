@@ -128,7 +128,7 @@ def _emulated_cluster(args, script, argv, timeout):
         raise ValueError("launch: the emulated cluster needs the script to run on every rank")
     argv = sys.argv[1:] if argv is None else argv
     cmd = [sys.executable, os.path.abspath(script), "--from-env"] + list(argv)
-    with EmulatedCluster(args.world, link_rate(args), args.latency,
-                         ranks_per_host=getattr(args, "ranks_per_host", 1)) as cluster:
+    with EmulatedCluster(args.world, link_rate(args), args.latency, ranks_per_host=getattr(args, "ranks_per_host", 1),
+                         workload_bytes=getattr(args, "workload_bytes", 0)) as cluster:
         codes = cluster.run(cmd, timeout=timeout)
     return Launched(args.world, exit_code=exit_code(codes, cluster.timed_out, cluster.first_failure))

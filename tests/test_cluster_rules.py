@@ -22,6 +22,8 @@ def test_a_world_that_does_not_fit_is_refused_naming_what_it_needs():
     check_memory(4, available=8 * 2**30)  # fits: nothing raised
     with pytest.raises(ValueError, match=r"32 ranks need about 19\.2 GiB .* 4\.0 GiB available"):
         check_memory(32, available=4 * 2**30)
+    with pytest.raises(ValueError, match=r"16 ranks need about 16\.0 GiB .*1\.0 GiB each.* or a smaller workload"):
+        check_memory(16, available=12 * 2**30, workload_bytes=2**30 - RANK_BYTES)  # the script's tensors count
     too_many = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / RANK_BYTES) + 1
     with pytest.raises(ValueError, match="ranks need about"):
         EmulatedCluster(ranks=too_many, ranks_per_host=too_many)  # refused in the constructor: nothing built
