@@ -444,11 +444,11 @@ def verdict(rows) -> str:
     overlap = max(r["nnz_per_rank"] * world / max(r["union_density"] * r["numel"], 1) for r in rows)
     link = rows[0].get("link_bps", float("nan"))
     where = "loopback (no link set)" if math.isnan(link) else f"{link / 1e9:.2f} Gbit/s per host"
-    lines.append(("  zen wins where " if zen_behind else "  zen leads here; it leads further where ")
-                 + f"more ranks share the call (here {world}), ranks' indices overlap more (here at most "
-                 f"{overlap:.2f}x: sum of the ranks' non-zeros over the union's) and links are slower (here {where}): "
-                 "zen's bytes per rank follow the union split over the ranks, where agsparse's and sparcml's "
-                 "grow with the ranks' total")
+    lines.append(("  what would move zen ahead: " if zen_behind else "  zen leads here, and further with: ")
+                 + f"more ranks (here {world}), more overlap between ranks' indices (here at most {overlap:.2f}x: "
+                 f"the ranks' non-zeros over the union's), slower links (here {where})")
+    lines.append("  (zen's bytes per rank follow the union split over the ranks; agsparse's and sparcml's grow with "
+                 "the ranks' total)")
     lines.append(f"  on an emulated cluster (root): {EMULATED_COMMAND}")
     return "\n".join(lines)
 
