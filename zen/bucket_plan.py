@@ -62,6 +62,22 @@ def bucket_segments(parameters: Optional[list], buffer: torch.Tensor) -> Optiona
     return segments if offset == buffer.numel() and segments else None
 
 
+def check_hook_call(state, state_type: type, bucket) -> None:
+    """A TypeError naming the fix where the hook was not called as DDP calls a comm hook: ``state`` must be a
+    ``state_type`` (a hook registered with no state, e.g. Lightning's ``DDPStrategy`` given ``ddp_comm_hook``
+    without ``ddp_comm_state``) and ``bucket`` DDP's GradBucket or one like it (``zen.testing.LocalBucket``);
+    FSDP's ``register_comm_hook`` hands its hooks a tensor, a plain call any object."""
+    fix = ("register it on the DistributedDataParallel-wrapped model: "
+           "ddp_model.register_comm_hook(zen.ZenState(), zen.zen_hook)")
+    if not isinstance(state, state_type):
+        raise TypeError(f"zen_hook: state must be a zen.ZenState; got {type(state).__name__} ({fix}; "
+                        "Lightning: DDPStrategy(ddp_comm_state=zen.ZenState(), ddp_comm_hook=zen.zen_hook))")
+    bucket_like = all(callable(getattr(bucket, name, None)) for name in ("buffer", "index"))
+    if not bucket_like or isinstance(bucket, torch.Tensor):
+        raise TypeError(f"zen_hook: bucket must be DDP's torch.distributed.GradBucket; got {type(bucket).__name__} "
+                        f"(zen reduces DistributedDataParallel's buckets, not FSDP's tensors; {fix})")
+
+
 @dataclass
 class BucketPlan:
     """A bucket's plan: its ``layout`` when checked (numel, dtype, device, segments), whether it travels

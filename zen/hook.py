@@ -26,7 +26,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import topk
 from .agreement import MismatchError, text_code
-from .bucket_plan import BucketPlans, bucket_layout, bucket_segments
+from .bucket_plan import BucketPlans, bucket_layout, bucket_segments, check_hook_call
 from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
 from .hierarchy import POLICY, check_hierarchy
@@ -384,6 +384,7 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
     3. any other bucket is a job on the group's lane: a check where one is due, then the scheme where the
        check (or the plan) says it may pay, else the one all-reduce.
     """
+    check_hook_call(state, ZenState, bucket)
     buffer = bucket.buffer()
     comm = state.comm()
     parameters = list(bucket.parameters()) if hasattr(bucket, "parameters") else None
