@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: bench test examples results sanitize cuda-check info clean
+.PHONY: bench test examples fuzz results sanitize cuda-check info clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ bench: $(VENV)/.built
 
 test: $(VENV)/.built $(VENV)/.examples
 	$(PY) -m pytest -q tests $(ARGS)
+
+# The fuzz tests with fresh seeds, round after round, for FUZZ_SECONDS (CI runs them derandomised, in make test).
+FUZZ_SECONDS ?= 600
+fuzz: $(VENV)/.built
+	end=$$(( $$(date +%s) + $(FUZZ_SECONDS) )); round=0; \
+	while [ $$(date +%s) -lt $$end ]; do round=$$((round + 1)); echo "fuzz round $$round"; \
+	  ZEN_HYPOTHESIS=fuzz $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz.py $(ARGS) || exit 1; done
 
 # Each script of examples/ through its launcher (torchrun, Lightning's, accelerate launch), with its check.
 examples: $(VENV)/.built $(VENV)/.examples

@@ -20,6 +20,8 @@ DEVICE = os.environ.get("ZEN_TEST_DEVICE", "cpu")
 # the examples, randomised, for local runs that go looking (ZEN_HYPOTHESIS=dev python -m pytest ...).
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=600, deadline=None)
+# "fuzz" (make fuzz): fresh seeds every run, rounds of it until a set time; a failure prints how to replay it.
+settings.register_profile("fuzz", max_examples=2000, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("ZEN_HYPOTHESIS") or "ci")
 
 
