@@ -12,6 +12,10 @@ written by hand.
 
 Standard library only (it runs in CI before anything is built): JSON where the benchmark writes it, else the
 benchmark's printed table (results/memory.txt). ``--root`` and ``--results`` point it at other copies.
+
+A block written from a file measured on an earlier version of the code ends with a line that says so: a file's
+commit is the one that last changed it (git's record), and it is stale where zen/ or csrc/ in the working tree
+differ from that commit's.
 """
 import argparse
 import difflib
@@ -19,6 +23,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import textwrap
 
@@ -105,8 +110,10 @@ class Results:
     def __init__(self, folder):
         self.folder = folder
         self._cache = {}
+        self.used = set()  # the files read since this was last cleared (a block's)
 
     def path(self, name):
+        self.used.add(name)
         path = os.path.join(self.folder, name)
         if not os.path.exists(path):
             raise SystemExit(f"report: {path} is missing (the page that shows it says which command writes it)")
@@ -128,6 +135,41 @@ class Results:
         if key not in self._cache:
             self._cache[key] = sweep.merge_rounds(self.json(stem))
         return self._cache[key]
+
+
+MEASURED_CODE = ("csrc", "zen")  # what a results file measured; a change there makes the file stale
+
+
+def _git(*args):
+    """git's output in this repository, or None where git or the repository is not at hand."""
+    try:
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def measured_commit(name):
+    """The commit a results file was measured at: the one that last changed results/NAME (git records it)."""
+    return _git("log", "-1", "--format=%H", "--", f"results/{name}") or None
+
+
+def stale_files(names):
+    """(name, commit) of each of ``names`` whose commit's zen/ and csrc/ differ from the working tree's."""
+    stale = []
+    for name in sorted(names):
+        commit = measured_commit(name)
+        if commit and _git("diff", "--name-only", commit, "--", *MEASURED_CODE):
+            stale.append((name, commit[:8]))
+    return stale
+
+
+def stale_mark(names):
+    """The line a block gets where any file it was written from was measured on an earlier version."""
+    stale = stale_files(names)
+    if not stale:
+        return []
+    files = ", ".join(f"{name} ({commit})" for name, commit in stale)
+    return ["", f"*Measured on an earlier version of zen/ or csrc/: {files}.*"]
 
 
 def error(row):
@@ -749,7 +791,9 @@ def _render_page(page, text, res, seen):
             seen.add(name)
             open_name = name
             out.append(line)
+            res.used = set()
             out += BLOCKS[name](res)
+            out += stale_mark(res.used)
         else:
             if name != open_name:
                 raise SystemExit(f"report: {page}:{number}: closes block {name}, but {open_name} is open")

@@ -131,3 +131,35 @@ def test_the_planner_example_is_what_the_planner_prints_now():
     with contextlib.redirect_stdout(out):
         assert planner.main(argv) == 0
     assert out.getvalue() == "\n".join(printed), "rerun `make results` (or its planner line)"
+
+
+def test_a_block_from_a_file_measured_on_earlier_code_says_so(tmp_path):
+    """In a repository of its own: a results file committed with the code, then zen/ changed (committed or
+    not): the block's mark names the file and its commit; with the code as measured, no mark."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import report as r
+
+    repo = tmp_path / "repo"
+    (repo / "zen").mkdir(parents=True)
+    (repo / "results").mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    (repo / "zen" / "x.py").write_text("a = 1\n")
+    (repo / "results" / "run.json").write_text("{}")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
+    commit = git("rev-parse", "HEAD").strip()
+    root, r.ROOT = r.ROOT, str(repo)
+    try:
+        assert r.stale_mark({"run.json"}) == []
+        (repo / "results" / "other.txt").write_text("not measured code")  # outside zen/ and csrc/: still fresh
+        assert r.stale_mark({"run.json"}) == []
+        (repo / "zen" / "x.py").write_text("a = 2\n")
+        assert r.stale_mark({"run.json"}) == [
+            "", f"*Measured on an earlier version of zen/ or csrc/: run.json ({commit[:8]}).*"]
+        assert r.stale_mark({"never_committed.json"}) == []  # no record: nothing to compare
+    finally:
+        r.ROOT = root
