@@ -54,10 +54,11 @@ def test_torchrun_example(capsys):
                             "examples/torchrun_ddp.py", "--check"], capsys))
 
 
-def test_lightning_example(capsys):
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_lightning_example(strategy, capsys):
     needs("lightning")
-    # Lightning's own launcher: the script starts the second process itself.
-    check_printed(launched([sys.executable, "examples/lightning_ddp.py", "--check"], capsys))
+    # Lightning's own launcher: the script starts the second process itself (ddp_spawn: both, from the script).
+    check_printed(launched([sys.executable, "examples/lightning_ddp.py", "--check", "--strategy", strategy], capsys))
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])  # bf16: autocast on CPU (fp32 gradients, as on GPUs)
