@@ -29,6 +29,10 @@ schemes that report phases, the block size its calls used (the text workload is 
 [vocab, dim], which zen reduces as rows), and local/copy: its local phases (scan, partition, aggregate,
 encode, decode, merge, sum, scatter) over one ``copy_`` of the gradient timed in the same run, a ratio that
 does not depend on the machine.
+
+Last, a verdict read off the table (:func:`verdict`): the fastest scheme of each case, zen's time against it,
+and what would move zen ahead (more ranks, more overlap between ranks' indices, slower links), with the
+command that shows it on an emulated cluster.
 """
 import argparse
 import dataclasses
