@@ -128,9 +128,10 @@ def _views_and_async(rank, world):
 
 def test_views_async_and_stats():
     stats = run_ranks(3, _views_and_async)
-    # The agreement's rows, which bytes_sent leaves out: 13 header fields, the count of zen's numbers and
-    # max(2n + 1, n + 8) = 11 slots for them (n counts, gamma, n fractions), to each of the n - 1 = 2 peers.
-    rows = 2 * 8 * (13 + 1 + 11)
+    # The agreement's rows, which bytes_sent leaves out: 13 header fields, the count of zen's numbers and the
+    # row's room for them, n + ceil(n / 4) + 8 = 12 slots (n counts, gamma, n fractions four to an int64: 5), to
+    # each of the n - 1 = 2 peers.
+    rows = 2 * 8 * (13 + 1 + 12)
     for s in stats:
         assert s["union"] >= max(s["nnz"]) and 1.0 <= s["imbalance"] < 1.3
         assert 0 < s["bytes_sent"] == s["counted"] - rows, (s["bytes_sent"], s["counted"], rows)

@@ -28,8 +28,8 @@ WIRE_ONLY = Profile(bandwidth=B, latency=0.0, **NO_LOCAL)
 
 def agree_bytes(n, ints):
     """The agreement all-gather's wire time: (n-1) * 8 bytes per int of its row (13 header fields, the count of
-    the extra ints, and max(extra, n + 8) slots)."""
-    return (n - 1) * 8 * (13 + 1 + max(ints, n + 8)) / B
+    the extra ints, and max(extra, n + ceil(n / 4) + 8) slots)."""
+    return (n - 1) * 8 * (13 + 1 + max(ints, n + -(-n // 4) + 8)) / B
 
 
 def uniform(numel, n, nnz, gamma, **kw):
@@ -163,7 +163,7 @@ def test_zen_is_equation_1(gamma):
     slot = 16 + 8 * min(k, math.ceil(1.02 * union_j + 2 * math.sqrt(union_j) + 4))
     push = (n - 1) * 8 * math.ceil(1.02 * k / n + 2 * math.sqrt(k / n) + 4) / B
     assert BalancedParallelism.time(w, WIRE_ONLY) == pytest.approx(
-        push + (n - 1) * slot / B + agree_bytes(n, 2 * n + 1), rel=1e-9)
+        push + (n - 1) * slot / B + agree_bytes(n, n + 1 + -(-n // 4)), rel=1e-9)
     assert cost.balanced_bytes(numel, k / numel, n, gamma, 1.0, 4, 4) / B == pytest.approx(expected, rel=1e-9)
 
 
@@ -176,7 +176,7 @@ def test_zen_pull_switches_to_the_bitmap_and_scales_with_imbalance():
     push = (n - 1) * 8 * math.ceil(1.02 * k / n + 2 * math.sqrt(k / n) + 4)  # k / n pairs per slot, padded
     # gamma = n: the union is the bound, so its slot has no padding, only the 16-byte header
     assert BalancedParallelism.time(w, WIRE_ONLY) == pytest.approx(
-        (push + pull) / B + agree_bytes(n, 2 * n + 1) + (n - 1) * 16 / B, rel=1e-9)
+        (push + pull) / B + agree_bytes(n, n + 1 + -(-n // 4)) + (n - 1) * 16 / B, rel=1e-9)
     heavy = estimate_workload(numel, n, k, 4.0, hash_imbalance=1.5)
     assert heavy.hash_imbalance == pytest.approx(1.5)
     assert BalancedParallelism.time(heavy, WIRE_ONLY) > BalancedParallelism.time(w, WIRE_ONLY) * 1.4

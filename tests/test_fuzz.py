@@ -527,3 +527,17 @@ def test_empty_and_tiny_bitmaps(numel):
         bitmap[-1] = 0xFF  # bits past the set
         with pytest.raises(RuntimeError, match="past its index set"):
             ops.bitmap_decode(bitmap, sets, -1)
+
+
+@given(st.lists(st.floats(-1.0, 2.0, allow_nan=False), max_size=40))
+def test_fractions_round_trip(fractions):
+    """zen's union fractions in the agreement: four to an int64, each within half a step of 1 / (2^15 - 1) of
+    its value clamped to [0, 1], every int non-negative (an int64 as it travels)."""
+    from zen.agreement import capacity
+
+    ints = wire.pack_fractions(fractions)
+    assert len(ints) == -(-len(fractions) // 4) and all(0 <= i < 2**63 for i in ints)
+    for f, back in zip(fractions, wire.unpack_fractions(ints, len(fractions))):
+        assert abs(min(max(f, 0.0), 1.0) - back) <= 0.5 / 32767 + 1e-12
+    n = len(fractions)
+    assert n + 1 + len(ints) <= capacity(n)  # zen's numbers (counts, gamma, fractions) fit one exchange

@@ -10,7 +10,8 @@ inputs the test computes each rank's pieces, unions and messages.
 Figures, with n ranks, int32 indices (s_i = 4), s_v the bytes of an entry (a value, or a row of b values),
 pad(x) = x rounded up to 8 bytes, COO(k) = pad(k s_i) + pad(k s_v), BITMAP_j(k) = pad(ceil(|I_j| / 8)) + pad(k s_v):
 
-* every call's agreement: a row of L int64s to each peer, L = 13 header fields + 1 + max(extra, n + 8);
+* every call's agreement: a row of L int64s to each peer, L = 13 header fields + 1 + max(extra, room), the room
+  n + ceil(n / 4) + 8 (zen's n counts, gamma and n union fractions four to an int64, and 8 more);
 * dense: the agreement (extra = 0), then dist.all_reduce called once with the whole tensor (M s_v bytes; the
   backend's ring then moves 2 (n-1)/n of that per rank);
 * agsparse: the agreement (extra = 1), then its COO piece to each peer: (n-1) COO(k_me);
@@ -236,14 +237,14 @@ class Layout:
     def zen_first(self, me):
         n = self.n
         push = sum(coo(self.c[me][j], self.sv) for j in range(n) if j != me)
-        return self.agreement(2 * n + 1) + push + (n - 1) * (SLOT_HEADER + self.pull_piece(self.R[me], me))
+        return self.agreement(zen_extra(n)) + push + (n - 1) * (SLOT_HEADER + self.pull_piece(self.R[me], me))
 
     def zen_steady(self, me, formats=(COO_FMT, BITMAP_FMT)):
         """The steady call's bytes; ``formats``: those the pull may take (COO only: what it would send so)."""
         n = self.n
-        row = 8 * (HEADER_INTS + max(2 * n + 1, n + 8))
+        row = 8 * (HEADER_INTS + max(zen_extra(n), room(n)))
         agree_and_push = sum(row + coo(slot(self.c[me][j]), self.sv) for j in range(n) if j != me)
-        f = round(self.U[me] / self.R[me] * 1e6) / 1e6  # the previous call's |U_j| / R_j, as it travels
+        f = round(self.U[me] / self.R[me] * 32767) / 32767  # the previous call's |U_j| / R_j, as it travels (15 bits)
         pull_slot = SLOT_HEADER + self.pull_piece(min(self.R[me], slot(f * self.R[me])), me, formats)
         return agree_and_push + (n - 1) * pull_slot
 
@@ -254,9 +255,19 @@ class Layout:
         return BITMAP_FMT if self.bitmap(self.U[me], me) < coo(self.U[me], self.sv) else COO_FMT
 
 
+def room(n):
+    """The agreement row's room for a scheme's numbers: n + ceil(n / 4) + 8 int64s."""
+    return n + -(-n // 4) + 8
+
+
+def zen_extra(n):
+    """zen's numbers in its agreement: n counts, gamma, n union fractions four to an int64."""
+    return n + 1 + -(-n // 4)
+
+
 def agreement_bytes(n, extra):
-    """A plain agreement's bytes from each rank: its row of 13 + 1 + max(extra, n + 8) int64s to every peer."""
-    return (n - 1) * 8 * (HEADER_INTS + max(extra, n + 8))
+    """A plain agreement's bytes from each rank: its row of 13 + 1 + max(extra, room(n)) int64s to every peer."""
+    return (n - 1) * 8 * (HEADER_INTS + max(extra, room(n)))
 
 
 def sparcml_messages(held, numel, sv, me):

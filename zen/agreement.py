@@ -13,7 +13,7 @@ the same rows, so every rank makes the same decision:
 * else the call goes on, in step.
 
 The group stays usable after a :class:`MismatchError`. The row's length never depends on the scheme or
-on the problem (the scheme's numbers are padded to ``world + SLACK`` slots; a rank with a problem sends its
+on the problem (the scheme's numbers are padded to :func:`capacity` slots; a rank with a problem sends its
 message as text in those slots), so a bad call on one rank cannot desynchronise the all-gather itself.
 
 A scheme that pushes pieces to their owners right after the agreement (zen) may send their first bytes in
@@ -89,10 +89,16 @@ class Problem(enum.IntEnum):
 _PROBLEM = HEADER_FIELDS.index("problem")
 
 
+def capacity(n: int) -> int:
+    """Slots of the row for a scheme's numbers at n ranks: n counts, n fractions four to an int64
+    (``wire.pack_fractions``: zen's), and SLACK more, so that zen's agreement is one exchange at any n."""
+    return n + -(-n // wire.FRACTIONS_PER_INT) + SLACK
+
+
 def row_ints(n: int, extra: int) -> int:
     """int64s per rank in the agreement's all-gather of a scheme sending ``extra`` numbers: the header,
-    their count and max(extra, n + SLACK) slots (what the cost model charges for it)."""
-    return len(HEADER_FIELDS) + 1 + max(extra, n + SLACK)
+    their count and max(extra, capacity(n)) slots (what the cost model charges for it)."""
+    return len(HEADER_FIELDS) + 1 + max(extra, capacity(n))
 
 
 class MismatchError(ValueError):
@@ -341,8 +347,8 @@ def agree_and_push(comm, header: List[int], extra: List[int], pieces, detail: st
     planned slots of its messages (see the module docstring). Returns (extra columns, firsts, S): firsts[q],
     the first S[q][me] bytes of rank q's piece for this rank (zero-padded where the piece is shorter)."""
     extra = [int(v) for v in extra]
-    capacity = comm.world + SLACK
-    slots = encode_text(detail, capacity) if detail else extra[:capacity] + [0] * max(0, capacity - len(extra))
+    room = capacity(comm.world)
+    slots = encode_text(detail, room) if detail else extra[:room] + [0] * max(0, room - len(extra))
     comm.agreements += 1
     rows, firsts, planned = _exchange_rows(comm, list(header) + [len(extra)] + slots, pieces)
     width = len(header)
@@ -361,9 +367,9 @@ def agree_and_push(comm, header: List[int], extra: List[int], pieces, detail: st
     lengths = rows[:, width].tolist()
     if len(set(lengths)) > 1:
         raise MismatchError(f"zen.all_reduce: the ranks' schemes exchanged different agreement lengths {lengths}")
-    out = rows[:, width + 1:width + 1 + min(lengths[0], capacity)]
-    if lengths[0] > capacity:
-        out = torch.cat([out, comm.all_gather_rows(extra[capacity:])], dim=1)
+    out = rows[:, width + 1:width + 1 + min(lengths[0], room)]
+    if lengths[0] > room:
+        out = torch.cat([out, comm.all_gather_rows(extra[room:])], dim=1)
     return out, firsts, planned
 
 

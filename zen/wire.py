@@ -289,3 +289,24 @@ def join_planned(first: torch.Tensor, rest: torch.Tensor, piece_bytes: int) -> t
         raise ValueError(f"zen: planned message of a {piece_bytes}-byte piece in a {first.numel()}-byte slot needs "
                          f"a second part of {need} bytes, got {rest.numel()}")
     return torch.cat([first, rest]) if need else first[:piece_bytes]
+
+
+# Fractions in [0, 1] that ride in the agreement (zen's union fractions), FRACTION_BITS each, four to an int64
+# (60 bits: the int stays positive): n of them take ceil(n / 4) of the row's slots.
+FRACTION_BITS = 15
+FRACTIONS_PER_INT = 4
+
+
+def pack_fractions(fractions) -> list:
+    """Ints of ``fractions`` (each clamped to [0, 1], rounded to 1 / (2^15 - 1)), four per int, the first lowest."""
+    top = (1 << FRACTION_BITS) - 1
+    codes = [round(min(max(f, 0.0), 1.0) * top) for f in fractions]
+    return [sum(c << (FRACTION_BITS * k) for k, c in enumerate(codes[i:i + FRACTIONS_PER_INT]))
+            for i in range(0, len(codes), FRACTIONS_PER_INT)]
+
+
+def unpack_fractions(ints, count: int) -> list:
+    """The ``count`` fractions of :func:`pack_fractions`'s ints."""
+    top = (1 << FRACTION_BITS) - 1
+    return [((int(ints[i // FRACTIONS_PER_INT]) >> (FRACTION_BITS * (i % FRACTIONS_PER_INT))) & top) / top
+            for i in range(count)]

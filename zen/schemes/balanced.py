@@ -164,11 +164,11 @@ class BalancedParallelism(Scheme):
             key = (n, numel, width)
             last = self.history.get(key, (float(n), [1.0] * n))
             agreed, arrived, planned = call.agree_and_push(
-                counts.tolist() + [round(x * 1e6) for x in [last[0]] + last[1]],
+                counts.tolist() + [round(last[0] * 1e6)] + wire.pack_fractions(last[1]),
                 outgoing if whole is None else [wire.pack_dense(whole)] * n)
             in_slots = sum(planned[me])
             counts, gamma = agreed[:, :n].tolist(), agreed[0, n].item() / 1e6
-            fractions = [x / 1e6 for x in agreed[0, n + 1:2 * n + 1].tolist()]
+            fractions = wire.unpack_fractions(agreed[0, n + 1:].tolist(), n)
         nnz = [sum(row) for row in counts]
         loads = [sum(counts[p][j] for p in range(n)) for j in range(n)]
         call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
@@ -333,8 +333,8 @@ class BalancedParallelism(Scheme):
     @staticmethod
     def phases(w: Workload, p: Profile) -> Dict[str, float]:
         """Balanced Parallelism, phase by phase (the phases a call records in ``stats["phases"]``): scan;
-        hash partition (e k_r) and packing; agreement (n counts, gamma and n union fractions) with the
-        push's pieces in its slots (rank r sends its pieces for the other partitions, receives theirs for
+        hash partition (e k_r) and packing; agreement (n counts, gamma, n union fractions four to an int)
+        with the push's pieces in its slots (rank r sends its pieces for the other partitions, receives theirs for
         its own); push: what outgrows the slots (nothing, in steady state); aggregate (m per received pair);
         encode (x_e |U_r| + |I_r| / 8 / mu, where the bitmap wins); pull: the all-to-all of the repeated
         slots (:func:`slot_count`; pieces COO or hash bitmap, whichever smaller), and one of what outgrows
@@ -343,7 +343,7 @@ class BalancedParallelism(Scheme):
         n, c = w.n, w.hash_counts
         packing = max(terms.coo(x, w) for x in w.nnz) / p.memory_bandwidth
         phases = dict(scan=terms.scan(w, p), partition=max(w.nnz) * p.element_time + terms.rows_moved(max(w.nnz), w, p)
-                      + packing, agree=terms.agree(2 * n + 1, w, p))
+                      + packing, agree=terms.agree(n + 1 + len(wire.pack_fractions([0.0] * n)), w, p))
         if n <= 1:
             return dict(phases, scatter=terms.write_back(w.union, w, p))
         # In steady state the pieces ride in the agreement's slots (the last call's counts are this one's),
