@@ -8,11 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from distributed import LocalBucket, run_ranks
-
-COLLECTIVES = ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "all_gather_single", "broadcast",
-               "isend", "irecv", "batch_isend_irecv", "all_gather", "reduce_scatter_tensor", "barrier")
-
+from distributed import LocalBucket, run_ranks, tap_collectives
 
 class Counting:
     """Counts every call of torch.distributed's collectives (by name) made while it is on: what reaches the
@@ -21,18 +17,11 @@ class Counting:
     def __init__(self):
         self.calls = {}
         self.on = False
-        for name in COLLECTIVES:
-            original = getattr(dist, name, None)
-            if original is not None:
-                setattr(dist, name, self._wrap(name, original))
+        tap_collectives(self._record)
 
-    def _wrap(self, name, original):
-        def counted(*args, **kwargs):
-            if self.on:
-                self.calls[name] = self.calls.get(name, 0) + 1
-            return original(*args, **kwargs)
-
-        return counted
+    def _record(self, name, args, kwargs):
+        if self.on:
+            self.calls[name] = self.calls.get(name, 0) + 1
 
 
 def _steady_collectives(rank, world, scheme, steps):

@@ -43,7 +43,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distributed import run_ranks
+from distributed import run_ranks, tap_collectives
 
 SI = 4  # int32 indices: every tensor here has fewer than 2**31 entries
 HEADER_INTS = 13 + 1  # the agreement's header fields and the count of the scheme's numbers
@@ -59,21 +59,15 @@ class Wire:
 
     def __init__(self):
         self.log, self.groups, self.on = [], [], False
-        for name in ("all_to_all_single", "all_reduce", "isend", "irecv", "broadcast", "batch_isend_irecv",
-                     "all_gather_into_tensor", "all_gather", "send", "recv", "reduce_scatter_tensor"):
-            original = getattr(dist, name, None)
-            if original is not None:
-                setattr(dist, name, self._wrap(name, original))
+        tap_collectives(self._record, ("all_to_all_single", "all_reduce", "isend", "irecv", "broadcast",
+                                       "batch_isend_irecv", "all_gather_into_tensor", "all_gather", "send", "recv",
+                                       "reduce_scatter_tensor"))
 
-    def _wrap(self, name, original):
-        def counted(*args, **kwargs):
-            if self.on:
-                self.log.append((name,) + _sent(name, args, kwargs))
-                group = kwargs.get("group") or dist.group.WORLD
-                self.groups.append(tuple(dist.get_process_group_ranks(group)))
-            return original(*args, **kwargs)
-
-        return counted
+    def _record(self, name, args, kwargs):
+        if self.on:
+            self.log.append((name,) + _sent(name, args, kwargs))
+            group = kwargs.get("group") or dist.group.WORLD
+            self.groups.append(tuple(dist.get_process_group_ranks(group)))
 
     def take(self):
         log, self.log, self.groups = self.log, [], []
