@@ -425,13 +425,14 @@ def _nan(rank, world):
         dense = grad / world  # plain DDP's average
         dist.all_reduce(dense)
         out = zen.zen_hook(state, LocalBucket(grad, is_last=True)).wait()
-    return out, dense
+    return out.numpy(), dense.numpy()  # by value: a tensor's shared memory can go with the rank's process
 
 
 def test_nan_and_inf_propagate_as_in_plain_ddp():
     """Elementwise against plain DDP's all-reduce of the same gradients: NaN exactly where it has NaN, the same
     signed Inf exactly where it has Inf (top-k sends non-finite entries first); finite everywhere else."""
     for out, dense in run_ranks(2, _nan):
+        out, dense = torch.from_numpy(out), torch.from_numpy(dense)
         assert torch.isnan(dense).nonzero().view(-1).tolist() == [77, 1234]  # the case is as built
         assert torch.equal(torch.isnan(out), torch.isnan(dense)), torch.isnan(out).nonzero().view(-1).tolist()
         inf = torch.isinf(dense)

@@ -6,6 +6,7 @@ parent by queue. A rank that raises fails the run with its traceback; a run that
 is killed and fails (so a hang is a test failure, never a stuck suite).
 """
 import os
+import pickle
 import socket
 import traceback
 
@@ -29,7 +30,9 @@ def _worker(rank, world, port, fn, args, queue, pg_timeout):
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=pg_timeout))
-        result = fn(rank, world, *args)
+        # By value (plain pickle): the queue would share a tensor's storage through this process, which may
+        # exit before the parent reads it.
+        result = pickle.dumps(fn(rank, world, *args))
         queue.put((rank, "ok", result))
     except BaseException:  # noqa: B036  (reported to the parent)
         queue.put((rank, "error", traceback.format_exc()))
@@ -80,7 +83,7 @@ def run_ranks(world, fn, *args, timeout=180, pg_timeout=60, expect_dead=()):
                         raise RankError(f"rank {r} died without reporting (exit code {p.exitcode}); "
                                         f"reported: {sorted(results) + sorted(errors)}")
                 continue
-            (results if status == "ok" else errors)[rank] = value
+            (results if status == "ok" else errors)[rank] = pickle.loads(value) if status == "ok" else value
             if status != "ok":  # the others may wait on it: give them the group's timeout to fail too
                 deadline = min(deadline, time.monotonic() + pg_timeout + 10)
     finally:
