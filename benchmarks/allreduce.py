@@ -111,6 +111,26 @@ def workload_tensor(args, numel, density, rank, step):
     return grad.view(corpus.vocab_size, args.text_dim)  # the table's shape: zen may reduce it as rows
 
 
+def release_heap():
+    """Return the heap's free memory to the system (glibc's malloc_trim), between timed calls. glibc keeps what
+    a call freed in its arenas (one per thread: the lane's, gloo's), so every rank would hold its schemes' largest
+    buffers for good, and 24-32 ranks would not fit this machine's memory."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc():
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to trim
+        return None
+
+
+_LIBC = _glibc()
+
+
 TENSOR_COPIES = 6  # copies of a case's tensor a rank holds at once, with a margin (see main)
 
 
@@ -293,6 +313,8 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
                     phases[scheme].setdefault(phase, []).append(seconds)
                 bad = (x - truth).abs_() > tol * (truth.abs() + truth_max)
                 wrong[scheme] += int(bad.sum())
+            del x, stats
+            release_heap()
         if it == args.warmup - 1:
             counts = timed_calls(args, {s: spans[s][-1][1] - spans[s][-1][0] for s in schemes})
             if progress is not None:

@@ -125,8 +125,9 @@ def parse_time(text):
     return float(m.group(1)) * {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}[m.group(2)]
 
 
-# What one rank of a torch job takes here (resident, gloo and zen included): 32 ranks took 14-20 GiB.
-RANK_BYTES = 0.6 * 2**30
+# What one rank of a torch job holds here besides its workload's tensors (resident: torch, gloo and zen), with its
+# heap trimmed between calls (benchmarks/allreduce.py: release_heap).
+RANK_BYTES = 0.4 * 2**30
 
 
 def per_core_rate(per_core_bps, ranks, ranks_per_host=1, cores=None):
