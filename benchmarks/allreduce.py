@@ -553,8 +553,11 @@ def report(rows, args):
     print(format_table(rows))
     print(verdict(rows))
     if args.json:
+        from launch import code_version
+
+        version = code_version()  # what report.py checks the pages' code against
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump([{**row, **version} for row in rows], f, indent=1)
     if args.plot:
         plot(rows, args.plot)
 

@@ -132,3 +132,26 @@ def _emulated_cluster(args, script, argv, timeout):
                          workload_bytes=getattr(args, "workload_bytes", 0)) as cluster:
         codes = cluster.run(cmd, timeout=timeout)
     return Launched(args.world, exit_code=exit_code(codes, cluster.timed_out, cluster.first_failure))
+
+
+# The code a results file measures (zen/testing.py, the harness, excepted): benchmarks/report.py marks a file
+# measured on other code than the pages' as measured on an earlier version.
+MEASURED_CODE = ("csrc", "zen", ":(exclude)zen/testing.py")
+
+
+def code_version(root=None):
+    """{"commit": the checkout's HEAD, "code_changed": whether its zen/ or csrc/ differ from HEAD} of the code
+    this process runs (the checkout that holds this file), for a results file to record what it measured;
+    {} where git or the repository is not at hand."""
+    import subprocess
+
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "code_changed": bool(git("status", "--porcelain", "--", *MEASURED_CODE))}
+    except (OSError, subprocess.CalledProcessError):
+        return {}
