@@ -253,6 +253,9 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
                             for scheme, phases in zen.predict_phases(workload, profile).items()}
     tol = TOLERANCE[x0.dtype]
     truth_max = truth.abs().max().item()
+    # An element is wrong where |x - truth| > tol (|truth| + max |truth|); the bound made once per case, and
+    # each call checked in place in x: n ranks check at once, so temporaries would count n times.
+    bound = truth.abs().add_(truth_max).mul_(tol)
     # A fresh "auto" per case, as in a new job (a pick made for the previous case's density would otherwise
     # carry over). Its measuring and trial calls run first, untimed: the rounds time its steady state, the
     # pick it keeps for the next 100 calls; what settling cost is kept in the row (settle_calls, settle_s).
@@ -311,8 +314,7 @@ def run_case(args, schemes, numel, density, rank, world, progress=None):
                 second_rounds[scheme][1] += bool(stats.get("pull_overflow"))
                 for phase, seconds in stats.get("phases", {}).items():
                     phases[scheme].setdefault(phase, []).append(seconds)
-                bad = (x - truth).abs_() > tol * (truth.abs() + truth_max)
-                wrong[scheme] += int(bad.sum())
+                wrong[scheme] += int(x.sub_(truth).abs_().gt_(bound).sum())
             del x, stats
             release_heap()
         if it == args.warmup - 1:
