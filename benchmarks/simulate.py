@@ -18,6 +18,15 @@ at the profile's defaults). ``--bandwidth-per-core R`` gives each rank R x cores
 rule (``benchmarks/cluster.py --bandwidth-per-core``). ``--cores C``: the n ranks share C cores (the emulation on
 one machine), so every local kernel runs max(1, n / C) times slower. Nothing is fitted to measured cells.
 
+Probed pieces (``--probed`` files of ``benchmarks/allreduce.py --json`` run without ``--no-predict``: each row
+carries the profile ``zen.probe_profile`` measured on the cluster before the timed calls, from tiny calls, rate
+slopes and calibration calls of its own, never from the timed ones): in place of the latency model and the
+default local speeds, the simulator uses, at world n, the probed fixed costs per primitive, the local kernel
+times (probed with every rank running at once, so with the cores' sharing in them), the calibration misses, and
+the links' efficiency (probed rate / link rate, applied to the simulated link). Between probed world sizes each
+of these is linear in n; beyond them, it follows the nearest two probed sizes' line (clamped at 0): the ranks'
+fixed costs on shared cores grow with n / cores. A world size that is validated but not probed is held out.
+
 Validation (``--validate`` files of ``benchmarks/allreduce.py --json`` with ``--workload text``): each measured
 row is simulated at its world size, link rate and dim, and compared: error = (simulated - measured) / measured;
 MAPE = the mean of |error| per scheme.
@@ -59,10 +68,72 @@ def build_parser():
     p.add_argument("--cores", type=int, default=None,
                    help="ranks share this many cores (local kernels max(1, n / cores) times slower); default: "
                         "dedicated cores, or this machine's count with --bandwidth-per-core")
+    p.add_argument("--probed", nargs="*", default=[],
+                   help="profiles probed at some world sizes (benchmarks/allreduce.py --json without --no-predict)")
     p.add_argument("--validate", nargs="*", default=[], help="measured JSON files (benchmarks/allreduce.py --json)")
     p.add_argument("--json", default=None, help="write the simulated and validated rows here")
     p.add_argument("--plot", default=None, help="write a PNG here: time against ranks, simulated and measured")
     return p
+
+
+def _line(points, n: float, floor=None) -> float:
+    """The value at n of the piecewise-linear line through ``points`` ((n, value), sorted, at least one),
+    its end segments extended, not below ``floor`` (None: unbounded)."""
+    if len(points) == 1:
+        return points[0][1]
+    i = next((k for k in range(1, len(points) - 1) if n <= points[k][0]), len(points) - 1)
+    (n0, v0), (n1, v1) = points[i - 1], points[i]
+    value = v0 + (v1 - v0) * (n - n0) / (n1 - n0)
+    return value if floor is None else max(floor, value)
+
+
+class Probed:
+    """Profiles probed at some world sizes, each with the link rate (bytes/s) it was probed at; :meth:`at` gives
+    a world size's profile, every field on its line through the probed ones (see the module docstring)."""
+
+    def __init__(self, paths):
+        self.profiles = {}  # world -> (Profile, link bytes/s)
+        for path in paths:
+            with open(path) as f:
+                for row in json.load(f):
+                    if row.get("profile") and row.get("link_bps"):
+                        fields = {k: tuple(map(tuple, v)) if isinstance(v, list) else v
+                                  for k, v in row["profile"].items()}
+                        self.profiles[row["world"]] = (Profile(**fields), row["link_bps"] / 8)
+        if not self.profiles:
+            raise ValueError(f"--probed: no row with a profile and a link rate in {', '.join(paths)}")
+        self.worlds = sorted(self.profiles)
+
+    def _field(self, n: int, value, floor=0.0):
+        """``value(profile, link)`` at n, on its line through the probed worlds where it is not None (None
+        where it is None at all of them)."""
+        points = [(w, v) for w in self.worlds if (v := value(*self.profiles[w])) is not None]
+        return _line(points, n, floor) if points else None
+
+    def _table(self, n: int, name: str, per_link=False, floor=0.0) -> tuple:
+        """The Profile's table ``name`` at n, entry by entry (``per_link``: a rate, as the link's rate over it)."""
+        keys = dict.fromkeys(k for p, _ in self.profiles.values() for k, _ in getattr(p, name))
+        out = []
+        for key in keys:
+            def value(profile, link, key=key):
+                v = dict(getattr(profile, name)).get(key)
+                return None if v is None else link / v if per_link else v
+            if (v := self._field(n, value, floor)) is not None:
+                out.append((key, v))
+        return tuple(out)
+
+    def at(self, n: int, rate: float) -> Profile:
+        """The profile at world n on links of ``rate`` bytes/s: the rates as the probed links' efficiency."""
+        times = {name: self._field(n, lambda p, _, name=name: getattr(p, name))
+                 for name in LOCAL_SPEEDS + ("latency", "call_overhead")}
+        # Rates on their lines as seconds per byte (the shared cores' slowdown grows with n, not their speed).
+        memory = self._field(n, lambda p, _: 1 / p.memory_bandwidth, floor=1e-12)
+        per_link = self._field(n, lambda p, link: link / p.bandwidth, floor=1.0)  # never past the link
+        rates = tuple((k, rate / v) for k, v in self._table(n, "rates", per_link=True, floor=1.0))
+        # A calibration is a miss, of either sign.
+        return Profile(bandwidth=rate / per_link, memory_bandwidth=1 / memory, overheads=self._table(n, "overheads"), rates=rates,
+                       calibration=self._table(n, "calibration", floor=None),
+                       calibration_large=self._table(n, "calibration_large", floor=None), **times)
 
 
 class Simulator:
@@ -72,6 +143,7 @@ class Simulator:
         self.args = args
         self.corpus = workloads.StdlibCorpus()
         self._workloads = {}
+        self.probed = Probed(args.probed) if args.probed else None
         if args.bandwidth_per_core:
             self.cores = args.cores or os.cpu_count() or 1
         else:
@@ -94,6 +166,8 @@ class Simulator:
         return parse_rate(self.args.bandwidth or "10gbit")
 
     def profile(self, n: int, rate: float = None) -> Profile:
+        if self.probed is not None:
+            return self.probed.at(n, rate or self.rate(n))
         base = make_profile(rate or self.rate(n), self.args.latency)
         share = max(1.0, n / self.cores) if self.cores else 1.0
         slower = {name: getattr(base, name) * share for name in LOCAL_SPEEDS}
@@ -139,12 +213,17 @@ def validate(sim: Simulator, paths):
                 continue
             dim = row["numel"] // sim.corpus.vocab_size
             simulated = sim.times(row["world"], dim, row["link_bps"] / 8)[row["scheme"]]
+            held_out = sim.probed is not None and row["world"] not in sim.probed.worlds
             cells.append(dict(file=os.path.basename(path), world=row["world"], dim=dim, scheme=row["scheme"],
                               link_Bps=row["link_bps"] / 8, measured_s=row["time_median"], simulated_s=simulated,
-                              error=(simulated - row["time_median"]) / row["time_median"]))
-    mape = {s: 100 * sum(abs(c["error"]) for c in cells if c["scheme"] == s) / n
+                              error=(simulated - row["time_median"]) / row["time_median"], held_out=held_out))
+    return cells, mape_of(cells)
+
+
+def mape_of(cells):
+    """MAPE (%) per scheme over ``cells``."""
+    return {s: 100 * sum(abs(c["error"]) for c in cells if c["scheme"] == s) / n
             for s in SCHEMES if (n := sum(c["scheme"] == s for c in cells))}
-    return cells, mape
 
 
 def _rate_text(bps: float) -> str:
@@ -156,8 +235,10 @@ def format_report(sim: Simulator, rows, cells, mape) -> str:
     rule = (f"{a.bandwidth_per_core} per core x {sim.cores} cores / n" if a.bandwidth_per_core
             else a.bandwidth or "10gbit")
     cores = f"; ranks share {sim.cores} cores" if sim.cores else "; a core per rank"
+    machine = (f"fixed costs, local speeds, calibration and link efficiency probed at {_worlds(sim.probed.worlds)} "
+               "ranks, on their lines in n between and beyond" if sim.probed else f"latency {a.latency}{cores}")
     lines = [f"simulated: text table {sim.corpus.vocab_size}x{a.text_dim} as rows, {a.text_batch} tokens per rank; "
-             f"links {rule}, latency {a.latency}{cores}", "",
+             f"links {rule}; {machine}", "",
              "| ranks | link | gamma | hash imb | " + " | ".join(f"{s} ms" for s in SCHEMES) + " | zen vs best other |",
              "|---" * (5 + len(SCHEMES)) + "|"]
     for row in rows:
@@ -175,7 +256,15 @@ def format_report(sim: Simulator, rows, cells, mape) -> str:
             lines.append(f"| {c['file']} | {c['world']} | {_rate_text(c['link_Bps'])} | {c['scheme']} | "
                          f"{c['measured_s'] * 1e3:.1f} | {c['simulated_s'] * 1e3:.1f} | {100 * c['error']:+.0f}% |")
         lines += ["", "MAPE per scheme: " + ", ".join(f"{s} {m:.0f}%" for s, m in mape.items())]
+        held_out = [c for c in cells if c["held_out"]]
+        if held_out:
+            lines.append(f"held out (world sizes not probed: {_worlds(sorted({c['world'] for c in held_out}))}): "
+                         + ", ".join(f"{s} {m:.0f}%" for s, m in mape_of(held_out).items()))
     return "\n".join(lines)
+
+
+def _worlds(worlds) -> str:
+    return ", ".join(map(str, worlds))
 
 
 def plot(path, rows, cells):
@@ -224,7 +313,9 @@ def main(argv=None) -> int:
     print(format_report(sim, rows, cells, mape))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(command=" ".join(sys.argv), rows=rows, validation=cells, mape=mape), f, indent=1)
+            json.dump(dict(command=" ".join(sys.argv), rows=rows, validation=cells, mape=mape,
+                           mape_held_out=mape_of([c for c in cells if c["held_out"]]),
+                           probed=sim.probed.worlds if sim.probed else []), f, indent=1)
     if args.plot:
         plot(args.plot, rows, cells)
     return 0

@@ -49,3 +49,31 @@ def test_validation_compares_at_the_rows_world_link_and_dim(simulator, tmp_path)
         expected = simulator.times(4, 32, 62.5e6)[c["scheme"]]
         assert c["simulated_s"] == expected and c["error"] == pytest.approx((expected - 0.05) / 0.05)
         assert mape[c["scheme"]] == pytest.approx(100 * abs(c["error"]))
+
+
+def test_probed_profiles_lie_on_lines_in_n(tmp_path):
+    """--probed: a field at a probed world is the probe's; between two it is on their line in n, beyond them on
+    the nearest two's (never below 0); rates follow the link as the probed fraction of it."""
+    import dataclasses
+
+    from simulate import Probed
+    from zen.cost import Profile
+
+    def probed(n, fixed, link_bps, rate):
+        p = Profile(bandwidth=rate, latency=fixed, overheads=(("alltoall", fixed),), rates=(("alltoall", rate),),
+                    calibration=(("zen", -fixed),))
+        return dict(scheme="zen", world=n, link_bps=link_bps, profile=dataclasses.asdict(p))
+
+    path = tmp_path / "probed.json"
+    # fixed cost 1 ms at 2 ranks, 3 ms at 4; both probed at 90% of their link
+    path.write_text(json.dumps([probed(2, 1e-3, 8e8, 0.9e8), probed(4, 3e-3, 4e8, 0.45e8)]))
+    lines = Probed([str(path)])
+    assert lines.worlds == [2, 4]
+    at2, at3, at8 = lines.at(2, 1e8), lines.at(3, 1e8), lines.at(8, 1e8)
+    assert dict(at2.overheads)["alltoall"] == pytest.approx(1e-3)
+    assert dict(at3.overheads)["alltoall"] == pytest.approx(2e-3)
+    assert dict(at8.overheads)["alltoall"] == pytest.approx(7e-3)  # 3 ms + 1 ms per rank past 4
+    assert dict(at8.calibration)["zen"] == pytest.approx(-7e-3)  # a miss keeps its sign
+    assert at3.bandwidth == pytest.approx(0.9e8) and dict(at3.rates)["alltoall"] == pytest.approx(0.9e8)
+    path.write_text(json.dumps([probed(2, 3e-3, 8e8, 0.9e8), probed(4, 1e-3, 4e8, 0.45e8)]))
+    assert dict(Probed([str(path)]).at(8, 1e8).overheads)["alltoall"] == 0.0  # a falling line stops at 0
