@@ -8,7 +8,8 @@ between two markers, ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``; NAM
 written from (without extension; several joined by commas; ``#part`` where one file gives several blocks). The
 lines between the markers are exactly what this script writes from the files: edit the file's command and
 rerun it (``make results`` for those that need no root), never the block. The prose around the blocks is
-written by hand.
+written by hand, and types no measured figure: a sentence that needs one (a range, a ratio, whether a target
+is met) is a ``#part`` block written here from the file that holds it, and the prose says the rest in words.
 
 Standard library only (it runs in CI before anything is built): JSON where the benchmark writes it, else the
 benchmark's printed table (results/memory.txt). ``--root`` and ``--results`` point it at other copies.
@@ -39,6 +40,9 @@ NAMES = {"sparcml": "SparCML", "omnireduce": "OmniReduce", "agsparse": "all-gath
 LOCAL_PHASES = ("scan", "partition", "aggregate", "encode", "decode", "merge", "sum", "scatter")  # allreduce.py's
 TARGET_WORLD = 8  # the hosts the issues' targets are stated at
 TARGET_DENSE, TARGET_OMNIREDUCE, TARGET_ROWS = 8.0, 2.0, 1.2  # zen's speedup targets: dense, OmniReduce, rows
+TARGET_MAPE, TARGET_AUTO = 0.10, 1.10  # the cost model's targets: MAPE per scheme; auto against the fastest fixed
+TARGET_SIM_MAPE = 0.15  # the simulator's target: MAPE per scheme against the measured cells
+MISS = 0.20  # a sweep cell predicted further off than this is listed
 MARKER = re.compile(r"^<!-- (/?)report:([\w.,#+-]+) -->$")
 WIDTH = 110  # README's prose lines
 
@@ -102,6 +106,12 @@ def ratio_range(values, digits=2):
     return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
 
 
+def percent_range(values, digits=0):
+    """Fractions as a range of percents: [0.12, 0.51] -> '12-51%'."""
+    lo, hi = f"{100 * min(values):.{digits}f}", f"{100 * max(values):.{digits}f}"
+    return f"{lo}%" if lo == hi else f"{lo}-{hi}%"
+
+
 # ---------------------------------------------------------------------------------------------- results
 
 class Results:
@@ -120,6 +130,7 @@ class Results:
         return path
 
     def json(self, stem):
+        self.used.add(stem + ".json")  # read before or not, the block that asks was written from it
         if stem not in self._cache:
             with open(self.path(stem + ".json")) as f:
                 self._cache[stem] = json.load(f)
@@ -132,6 +143,7 @@ class Results:
     def merged(self, stem):
         """A sweep's rows, one per (cell, scheme): the medians over its rounds, as sweep.py computes them."""
         key = stem + "#merged"
+        self.used.add(stem + ".json")
         if key not in self._cache:
             self._cache[key] = sweep.merge_rounds(self.json(stem))
         return self._cache[key]
@@ -190,7 +202,7 @@ def auto_ratios(rows):
 
 def auto_within(rows):
     ratios = auto_ratios(rows)
-    return sum(r <= 1.1 for r in ratios.values()), len(ratios)
+    return sum(r <= TARGET_AUTO for r in ratios.values()), len(ratios)
 
 
 def phase_lines(rows, scheme):
@@ -276,6 +288,57 @@ def sweep_accuracy_runs(res):
     return lines
 
 
+def mapes(rows):
+    """{scheme: its MAPE over ``rows``}, for the schemes the rows hold."""
+    return {s: statistics.mean(abs(error(r)) for r in rows if r["scheme"] == s)
+            for s in SCHEMES if any(r["scheme"] == s for r in rows)}
+
+
+def sweep_accuracy_targets(res):
+    """The tuning grid against the cost model's targets: on the medians per cell, and run by run."""
+    rows, merged = res.json("sweep_accuracy"), res.merged("sweep_accuracy")
+    mape = mapes(merged)
+    within, total = auto_within(merged)
+    worst = sorted(mape, key=mape.get, reverse=True)[:2]
+    met = max(mape.values()) <= TARGET_MAPE and within == total
+    rounds = sorted({r.get("round", 0) for r in rows})
+    runs_met = 0
+    for k in rounds:
+        mine = [r for r in rows if r.get("round", 0) == k]
+        runs_met += max(mapes(mine).values()) <= TARGET_MAPE and auto_within(mine)[0] == auto_within(mine)[1]
+    return para(f"On the sweep's measure (the median of the {len(rounds)} runs per cell) the target (a MAPE of at most "
+                f"{TARGET_MAPE:.0%} per scheme, auto within {TARGET_AUTO - 1:.0%} of the fastest fixed scheme in every "
+                f"cell) {'is met' if met else 'is not met'}: the highest MAPEs are "
+                + and_join(f"{s}'s ({mape[s]:.1%})" for s in worst)
+                + f", and auto is within {TARGET_AUTO - 1:.0%} in {within} of {total} cells (at most "
+                f"{max(auto_ratios(merged).values()):.2f}x). Run by run it is met in {runs_met} of {len(rounds)} runs.")
+
+
+def sweep_misses(stem):
+    """The cells of a sweep whose median is predicted more than MISS off, worst first."""
+    def block(res):
+        off = sorted((r for r in res.merged(stem) if abs(error(r)) > MISS), key=lambda r: -abs(error(r)))
+        lines = [f"Cells predicted more than {MISS:.0%} off (`results/{stem}.txt` has every cell and its phases):", "",
+                 "| scheme | link | ranks | gradient | measured ms | predicted ms | error |", "|---|---|---|---|---|---|---|"]
+        for r in off:
+            gradient = f"{r.get('data', 'uniform')}, {count(r['numel'])} {r['dtype']} at {percent(r['density'])}"
+            lines.append(f"| {r['scheme']} | {link(r['bandwidth'])} | {r['world']} | {gradient} "
+                         f"| {r['time_median'] * 1e3:.1f} | {r['time_predicted'] * 1e3:.1f} | {error(r):+.0%} |")
+        return lines if off else [f"No cell is predicted more than {MISS:.0%} off."]
+    return block
+
+
+def sweep_heldout_targets(res):
+    heldout = res.merged("sweep_heldout")
+    mape = mapes(heldout)
+    within, total = auto_within(heldout)
+    met = max(mape.values()) <= TARGET_MAPE and within == total
+    return para(f"The held-out target (a MAPE of at most {TARGET_MAPE:.0%} per scheme, auto within {TARGET_AUTO:.2f}x "
+                f"of the fastest fixed scheme in every cell) {'is met' if met else 'is not met'}: the schemes' MAPEs "
+                f"are {percent_range(mape.values(), 1)}, and auto is within {TARGET_AUTO:.2f}x in {within} of {total} "
+                "cells.")
+
+
 MEMORY_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)%\s+(\w+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s*$")
 
 
@@ -341,7 +404,9 @@ def sweep_scaling_summary(res):
                 f"At {TARGET_WORLD} ranks it runs {zen['speedup_vs_dense']:.1f}x dense, {and_join(versus)}, and auto "
                 f"is within 10% of the fastest {auto}",
                 f"zen sends {dense['bytes_sent'] / zen['bytes_sent']:.0f}x fewer bytes than dense at {TARGET_WORLD} "
-                f"ranks ({zen['bytes_sent'] / 1e6:.1f} against {dense['bytes_sent'] / 1e6:.1f} MB per rank).",
+                f"ranks ({zen['bytes_sent'] / 1e6:.1f} against {dense['bytes_sent'] / 1e6:.1f} MB per rank; zen's take "
+                f"{zen['bytes_sent'] * 8 / rate(zen['bandwidth']) * 1e3:.0f} ms on the {link(zen['bandwidth'])} wire, "
+                f"of its {zen['time_median'] * 1e3:.0f} ms).",
                 f"Its hash keeps the partitions within {max(r['imbalance_hash'] for r in rows):.2f} of even, where a "
                 f"contiguous split is {contiguous[0]:.1f}x off at {worlds[0]} ranks and {contiguous[1]:.1f}x off at "
                 f"{worlds[-1]}.")
@@ -411,11 +476,23 @@ def rows_summary(res):
     versus = {s: [rows[s]["time_median"] / rows["zen"]["time_median"] for rows, _, _, _ in files]
               for s in ("sparcml", "agsparse")}
     met = all(min(v) >= TARGET_ROWS for v in versus.values())
+    sent, model = [], []
+    for i, (rows, dim, world, bandwidth) in enumerate(files):
+        load = rows["zen"]["workload"]
+        gamma = load["union"] / statistics.mean(load["nnz"])  # the union over a rank's rows
+        zen, ag = rows["zen"]["bytes_sent"], rows["agsparse"]["bytes_sent"]
+        sent.append(f"{zen / ag:.2f}x at dim {dim} ({zen / 1e6:.2f} against {ag / 1e6:.2f} MB a rank, "
+                    f"{(ag - zen) * 8 / rate(bandwidth) * 1e3:.1f} ms at {link(bandwidth)})" if i == 0 else
+                    f"{zen / ag:.2f}x at dim {dim} ({zen / 1e6:.2f} against {ag / 1e6:.2f}, "
+                    f"{(ag - zen) * 8 / rate(bandwidth) * 1e3:.1f} ms)")
+        model.append(f"{(1 + gamma) / world:.2f}x (gamma {gamma:.1f})")
     return para(f"zen is {'over' if min(dense) > TARGET_DENSE else 'not over'} {TARGET_DENSE:g}x dense at "
                 f"{'both widths' if len(files) == 2 else 'every width'}.",
-                "Against the other sparse schemes, all of which now send rows too, it is "
+                "Against the other sparse schemes, all of which send rows too, it is "
                 f"{ratio_range(versus['sparcml'])} SparCML and {ratio_range(versus['agsparse'])} all-gather at these "
-                f"cells, {'meeting' if met else 'not'} the {TARGET_ROWS:g}x the rows issue asks.")
+                f"cells, {'meeting' if met else 'not'} the {TARGET_ROWS:g}x the rows issue asks.",
+                f"zen's bytes over the all-gather's: {and_join(sent)}; the model's (1 + gamma) / n: "
+                f"{and_join(dict.fromkeys(model))}.")
 
 
 def loopback(res):
@@ -451,8 +528,8 @@ def model_name(run):
 
 
 def train_table(res):
-    lines = ["| model | hosts | variant | step ms | compute ms | comm ms | samples/s | MB sent/rank | speedup |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | hosts | variant | step ms | compute ms | comm ms | CPU floor ms | samples/s | MB sent/rank "
+             "| speedup |", "|---|---|---|---|---|---|---|---|---|---|"]
     shown = None
     for stem in TRAIN:
         run = res.json(stem)
@@ -462,7 +539,7 @@ def train_table(res):
             plain = v["variant"] == "plain"
             cells = [name, run["world"], "plain DDP" if plain else "zen hook", f"{v['step_median_s'] * 1e3:.1f}",
                      f"{v['compute_median_s'] * 1e3:.1f}", f"{v['comm_exposed_s'] * 1e3:.1f}",
-                     f"{v['samples_per_s']:.0f}", f"{v['bytes_sent_per_rank'] / 1e6:.1f}",
+                     f"{v['cpu_floor_s'] * 1e3:.1f}", f"{v['samples_per_s']:.0f}", f"{v['bytes_sent_per_rank'] / 1e6:.1f}",
                      "1.00x" if plain else f"**{run['speedup']:.2f}x**"]
             lines.append("|" + "|".join(f" {c} " if c != "" else " " for c in cells) + "|")
     return lines
@@ -543,6 +620,34 @@ def topk_table(res):
     return lines
 
 
+OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}
+
+
+def topk_summary(res):
+    """Per optimizer: each top-k setting's final training loss against plain DDP's, and how many times fewer bytes
+    it sends, over the world sizes."""
+    runs = [res.json(stem) for stem in TOPK]
+    first = runs[0]
+    lines = [f"Final training loss against plain DDP's, and bytes per step, over {first['config']['steps']} steps "
+             f"at {and_join(sorted({r['world'] for r in runs}))} ranks:"]
+    for optimizer in dict.fromkeys(r["config"]["optimizer"] for r in runs):
+        mine = [r for r in runs if r["config"]["optimizer"] == optimizer]
+        parts = []
+        for name in dict.fromkeys(v["variant"] for r in mine for v in r["variants"] if v["variant"] != "plain"):
+            gaps, fewer = [], []
+            for r in mine:
+                plain = next(v for v in r["variants"] if v["variant"] == "plain")
+                for v in r["variants"]:
+                    if v["variant"] == name:
+                        gaps.append(v["train_gap"])
+                        fewer.append(plain["bytes_per_step_after_warmup"] / v["bytes_per_step_after_warmup"])
+            lo, hi = f"{100 * min(gaps):+.1f}", f"{100 * max(gaps):+.1f}"
+            parts.append(f"{topk_variant(name).removeprefix('zen ')} {lo if lo == hi else f'{lo} to {hi}'}% "
+                         f"({ratio_range(fewer, 1)} fewer bytes)")
+        lines += para(f"{OPTIMIZERS.get(optimizer, optimizer)}: " + "; ".join(parts) + ".", first="- ", rest="  ")
+    return lines
+
+
 def hierarchy_table(res):
     """4 emulated hosts x 2 ranks: every protocol's measured and predicted time, its speed against flat zen,
     and the bytes a host's network card sent, against the target (at most 1.2 x flat zen's / G)."""
@@ -586,6 +691,15 @@ def auto_cost(res):
                 f"{100 * run['auto_s'] / run['zen_run_s']:.1f}% of the run's {run['zen_run_s']:.1f} s; its median "
                 f"step {1e3 * hooked['step_median_s']:.1f} ms against plain DDP's {1e3 * plain['step_median_s']:.1f} "
                 f"ms.")
+
+
+def auto_probed(res):
+    """The same run at a commit where auto probed the group on its first call, as Auto(probe=True) does."""
+    run = res.json("train_lm_2_auto_probed")
+    return para(f"The same run with auto probing the group's links on its first call, as `Auto(probe=True)` does "
+                f"(`results/train_lm_2_auto_probed.txt`): auto spent {run['auto_s']:.1f} s choosing "
+                f"({run['auto_trials']} trial calls), {100 * run['auto_s'] / run['zen_run_s']:.0f}% of the run's "
+                f"{run['zen_run_s']:.1f} s.")
 
 
 def faults(res):
@@ -700,6 +814,52 @@ def weak_table(res):
     return lines
 
 
+def scale_summary(res):
+    """The direct schedule at 16 ranks: zen's bytes and time against SparCML's, and where the time goes."""
+    rows = {r["scheme"]: r for r in res.json(SCALE[0])}
+    zen, sparcml = rows["zen"], rows["sparcml"]
+    fewest = min(rows, key=lambda s: rows[s]["bytes_sent"]) == "zen"
+    pz, ps = zen["phases_ms"], sparcml["phases_ms"]
+    agree = pz["agree"] + pz.get("push", 0)
+    return para(f"With every message posted at once (direct) zen sends {'the fewest' if fewest else 'not the fewest'} "
+                f"bytes ({zen['bytes_sent'] / 1e6:.2f} MB a rank against SparCML's {sparcml['bytes_sent'] / 1e6:.2f}) "
+                f"and takes {zen['time_median'] / sparcml['time_median']:.2f}x SparCML's time: its pull takes "
+                f"{pz['pull']:.0f} ms against SparCML's exchange's {ps['exchange']:.0f}, its agreement with the push "
+                f"{agree:.0f} ms against SparCML's agreement's {ps['agree']:.0f}.")
+
+
+def weak_summary(res):
+    """The weak-scaling cells: efficiencies, bytes, where zen's time goes against SparCML's, and where it is fastest."""
+    runs = [{row["scheme"]: row for row in res.json(stem)} for stem in WEAK]
+    worlds = [next(iter(rows.values()))["world"] for rows in runs]
+
+    def efficiency(r):
+        return r["floor_s"] / r["time_median"]
+
+    dense = [efficiency(rows["dense"]) for rows in runs]
+    sparse = [r for rows in runs for s, r in rows.items() if s != "dense"]
+    last_two = list(zip(worlds, runs))[-2:]
+    phases = [f"{rows['zen']['phases_ms']['agree'] + rows['zen']['phases_ms'].get('push', 0):.0f}"
+              + (f" ms at {w} ranks against SparCML's " if i == 0 else f" at {w} against ")
+              + f"{rows['sparcml']['phases_ms']['agree']:.0f}" for i, (w, rows) in enumerate(last_two)]
+    pulls = [f"{rows['zen']['phases_ms']['pull']:.0f}"
+             + (" ms against SparCML's exchange's " if i == 0 else " against ")
+             + f"{rows['sparcml']['phases_ms']['exchange']:.0f}" + (f" at {w} ranks" if i == 0 else f" at {w}")
+             for i, (w, rows) in enumerate(last_two)]
+    behind = [(w, rows["zen"]["time_median"] / min(r["time_median"] for r in rows.values()))
+              for w, rows in zip(worlds, runs)]
+    fastest = [w for w, x in behind if x <= 1]
+    slower = [f"{x:.2f}x the fastest's time at {w} ranks" if i == 0 else f"{x:.2f}x at {w}"
+              for i, (w, x) in enumerate((w, x) for w, x in behind if x > 1)]
+    last = (f"zen is the fastest scheme at {and_join(fastest)} ranks" if fastest else
+            "zen is the fastest scheme at no size") + (f"; elsewhere it takes {and_join(slower)}." if slower else ".")
+    return para(f"Dense runs at {percent_range(dense)} of its floor, the sparse schemes at "
+                f"{percent_range([efficiency(r) for r in sparse])} of theirs, sending "
+                f"{min(r['bytes_sent'] for r in sparse) / 1e6:.1f}-{max(r['bytes_sent'] for r in sparse) / 1e6:.1f} MB "
+                f"a rank. zen's agreement, which carries its push, takes {and_join(phases)}; its pull "
+                f"{and_join(pulls)}.", last)
+
+
 SIMULATED = ("simulate_text64", "simulate_text64_10gbit")
 
 
@@ -728,15 +888,51 @@ def simulated_table(res):
     return lines
 
 
+def simulated_summary(res):
+    """The simulator against the measured cells, and where zen leads on the faster links."""
+    checked = res.json(SIMULATED[0])
+    mape = checked["mape"]
+    sparse = [c["error"] for c in checked["validation"] if c["scheme"] != "dense"]
+    least = min((s for s in mape if s != "dense"), key=mape.get)
+    missing = [NAMES.get(s, s) for s, m in mape.items() if m > 100 * TARGET_SIM_MAPE]
+    first = (f"The simulator gets dense to {mape['dense']:.0f}% (MAPE) and "
+             + (f"under-predicts every sparse scheme, by {percent_range([-e for e in sparse])}" if max(sparse) < 0 else
+                f"errs on the sparse schemes by {min(sparse):+.0%} to {max(sparse):+.0%}")
+             + f" ({NAMES.get(least, least)} the least); it "
+             + (f"misses the {TARGET_SIM_MAPE:.0%} MAPE target for {and_join(missing)}." if missing else
+                f"meets the {TARGET_SIM_MAPE:.0%} MAPE target for every scheme."))
+    rows = res.json(SIMULATED[1])["rows"]
+    leads = [(row["world"], min(v for s, v in row["times"].items() if s != "zen") / row["times"]["zen"]) for row in rows]
+    start = next((i for i in range(len(leads)) if all(x > 1 for _, x in leads[i:])), None)
+    wire = bits(rows[0]["link_Bps"] * 8)
+    if start is None:
+        return para(first, f"On {wire} links zen is not ahead of every other scheme at {leads[-1][0]} ranks.")
+    ahead = leads[start:]
+    top = max(ahead, key=lambda wx: wx[1])
+    end = rows[-1]
+    return para(first, f"On {wire} links zen is ahead of every other scheme from {ahead[0][0]} ranks to {ahead[-1][0]}, by "
+                f"{percent_range([x - 1 for _, x in ahead])}, most at {top[0]} ranks; at {end['world']} ranks its hash "
+                f"partitions of the union are {end['hash_imbalance']:.1f}x uneven (about "
+                f"{end['gamma'] * end['nnz_rows'] / end['world']:.0f} rows per partition).")
+
+
 BLOCKS = {
     ",".join(SCALE): scale_table,
     ",".join(WEAK): weak_table,
     ",".join(SIMULATED): simulated_table,
     ",".join(HOOK): hook_overhead,
+    "scale16_direct#summary": scale_summary,
+    ",".join(WEAK) + "#summary": weak_summary,
+    ",".join(SIMULATED) + "#summary": simulated_summary,
     ",".join(TOPK): topk_table,
+    ",".join(TOPK) + "#summary": topk_summary,
     "sweep_accuracy": sweep_accuracy,
+    "sweep_accuracy#targets": sweep_accuracy_targets,
     "sweep_accuracy#runs": sweep_accuracy_runs,
+    "sweep_accuracy#misses": sweep_misses("sweep_accuracy"),
     "sweep_accuracy,sweep_heldout": sweep_heldout,
+    "sweep_heldout#targets": sweep_heldout_targets,
+    "sweep_heldout#misses": sweep_misses("sweep_heldout"),
     "memory": memory,
     "sweep_scaling": sweep_scaling,
     "sweep_scaling#summary": sweep_scaling_summary,
@@ -752,6 +948,7 @@ BLOCKS = {
     "planner_example": planner_example,
     ",".join(HIERARCHY): hierarchy_table,
     "train_lm_2_auto": auto_cost,
+    "train_lm_2_auto_probed": auto_probed,
     "faults": faults,
     "soak": soak,
     "sanitize": sanitize,

@@ -97,6 +97,24 @@ def test_a_sweep_row_changes_the_tables(copy):
     assert "- dense: 0.0, 0.0 and 0.0%." in runs
 
 
+def test_a_target_sentence_follows_its_file(copy):
+    """Whether a target is met is written from the file, as its figures are: zen predicted 50% high everywhere."""
+    tmp, options = copy
+    path = tmp / "results" / "sweep_accuracy.json"
+    rows = json.loads(path.read_text())
+    for row in rows:
+        if row["scheme"] == "zen":
+            row["time_predicted"] = 1.5 * row["time_median"]
+    path.write_text(json.dumps(rows))
+    before = block((tmp / "benchmarks" / "README.md").read_text(), "sweep_accuracy#targets")
+    assert "is met" in before and "zen's (50.0%)" not in before
+    assert report(*options).returncode == 0
+    after = " ".join(block((tmp / "benchmarks" / "README.md").read_text(), "sweep_accuracy#targets").split())
+    assert "is not met" in after and "zen's (50.0%)" in after
+    misses = block((tmp / "benchmarks" / "README.md").read_text(), "sweep_accuracy#misses")
+    assert misses.count("| zen |") == 18  # every cell of zen's is 50% off now
+
+
 def test_markers_are_checked(copy):
     tmp, options = copy
     readme = (tmp / "benchmarks" / "README.md").read_text()
