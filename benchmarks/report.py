@@ -33,6 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import sweep  # noqa: E402  (standard library only: the sweep's own median-of-rounds and tables)
+from launch import MEASURED_CODE  # noqa: E402  (standard library only: what a results file measures)
 
 FIXED = sweep.FIXED  # the fixed schemes, dense first
 SCHEMES = FIXED + ("auto",)
@@ -149,11 +150,6 @@ class Results:
         return self._cache[key]
 
 
-# What a results file measured (zen/testing.py, the harness that launches local ranks, is not measured): a change
-# there makes the file stale.
-MEASURED_CODE = ("csrc", "zen", ":(exclude)zen/testing.py")
-
-
 def _git(*args):
     """git's output in this repository, or None where git or the repository is not at hand."""
     try:
@@ -162,18 +158,36 @@ def _git(*args):
         return None
 
 
+def recorded_version(name):
+    """(commit, code_changed) that results/NAME records of the code it measured (benchmarks/allreduce.py's rows:
+    launch.code_version), or None where it records none."""
+    if not name.endswith(".json"):
+        return None
+    try:
+        with open(os.path.join(ROOT, "results", name)) as f:
+            rows = json.load(f)
+    except (OSError, ValueError):
+        return None
+    first = rows[0] if isinstance(rows, list) and rows and isinstance(rows[0], dict) else {}
+    return (first["commit"], bool(first.get("code_changed"))) if first.get("commit") else None
+
+
 def measured_commit(name):
-    """The commit a results file was measured at: the one that last changed results/NAME (git records it)."""
-    return _git("log", "-1", "--format=%H", "--", f"results/{name}") or None
+    """The commit a results file was measured at: the one it records (where it ran from a checkout of its own),
+    else the one that last changed results/NAME (git records it)."""
+    recorded = recorded_version(name)
+    return recorded[0] if recorded else _git("log", "-1", "--format=%H", "--", f"results/{name}") or None
 
 
 def stale_files(names):
-    """(name, commit) of each of ``names`` whose commit's zen/ and csrc/ differ from the working tree's."""
+    """(name, commit) of each of ``names`` whose commit's zen/ and csrc/ differ from the working tree's, or that
+    records it ran with changes of its own to them."""
     stale = []
     for name in sorted(names):
         commit = measured_commit(name)
-        if commit and _git("diff", "--name-only", commit, "--", *MEASURED_CODE):
-            stale.append((name, commit[:8]))
+        changed = (recorded_version(name) or (None, False))[1]
+        if commit and (changed or _git("diff", "--name-only", commit, "--", *MEASURED_CODE)):
+            stale.append((name, commit[:8] + (" with changes" if changed else "")))
     return stale
 
 
@@ -795,23 +809,27 @@ def scale_table(res):
 
 
 WEAK = tuple(f"weak_text64_{n}" for n in (2, 4, 8, 16))
+WEAK32 = tuple(f"weak_text32_{n}" for n in (2, 4, 8, 16, 24, 32))
 SCHEME_ORDER = ("dense", "agsparse", "sparcml", "omnireduce", "zen")
 
 
-def weak_table(res):
-    """benchmarks/allreduce.py at 2 to 16 emulated hosts with per-core links (the same text gradient per rank):
-    every scheme's time and its efficiency (the wire's floor for its own bytes / time)."""
-    lines = ["| ranks | link | " + " | ".join(NAMES.get(s, s) for s in SCHEME_ORDER) + " | zen vs best other |",
-             "|---" * (3 + len(SCHEME_ORDER)) + "|"]
-    for stem in WEAK:
-        rows = {row["scheme"]: row for row in res.json(stem)}
-        any_row = next(iter(rows.values()))
-        cells = [f"{rows[s]['time_median'] * 1e3:.0f} ms ({rows[s]['floor_s'] / rows[s]['time_median']:.0%})"
-                 if s in rows else "-" for s in SCHEME_ORDER]
-        best = min(r["time_median"] for s, r in rows.items() if s != "zen")
-        lines.append(f"| {any_row['world']} | {bits(any_row['link_bps'])} | " + " | ".join(cells)
-                     + f" | {best / rows['zen']['time_median']:.2f}x |")
-    return lines
+def weak_table(stems, sent=False):
+    """benchmarks/allreduce.py on emulated hosts with per-core links (the same text gradient per rank), one
+    file per world size: every scheme's time, with ``sent`` its MB sent per rank, and its efficiency (the
+    wire's floor for its own bytes / time)."""
+    def table(res):
+        lines = ["| ranks | link | " + " | ".join(NAMES.get(s, s) for s in SCHEME_ORDER) + " | zen vs best other |",
+                 "|---" * (3 + len(SCHEME_ORDER)) + "|"]
+        for stem in stems:
+            rows = {row["scheme"]: row for row in res.json(stem)}
+            any_row = next(iter(rows.values()))
+            cells = [f"{r['time_median'] * 1e3:.0f} ms" + (f", {r['bytes_sent'] / 1e6:.2f} MB" if sent else "")
+                     + f" ({r['floor_s'] / r['time_median']:.0%})" if (r := rows.get(s)) else "-" for s in SCHEME_ORDER]
+            best = min(r["time_median"] for s, r in rows.items() if s != "zen")
+            lines.append(f"| {any_row['world']} | {bits(any_row['link_bps'])} | " + " | ".join(cells)
+                         + f" | {best / rows['zen']['time_median']:.2f}x |")
+        return lines
+    return table
 
 
 def scale_summary(res):
@@ -828,9 +846,13 @@ def scale_summary(res):
                 f"{agree:.0f} ms against SparCML's agreement's {ps['agree']:.0f}.")
 
 
-def weak_summary(res):
+def weak_summary(stems):
     """The weak-scaling cells: efficiencies, bytes, where zen's time goes against SparCML's, and where it is fastest."""
-    runs = [{row["scheme"]: row for row in res.json(stem)} for stem in WEAK]
+    return lambda res: _weak_summary(res, stems)
+
+
+def _weak_summary(res, stems):
+    runs = [{row["scheme"]: row for row in res.json(stem)} for stem in stems]
     worlds = [next(iter(rows.values()))["world"] for rows in runs]
 
     def efficiency(r):
@@ -888,6 +910,35 @@ def simulated_table(res):
     return lines
 
 
+def probed_simulation(res):
+    """benchmarks/simulate.py --probed: every scheme simulated on the pieces probed at some world sizes, against
+    the measured cells, and the MAPE over all of them and over the world sizes held out (not probed)."""
+    run = res.json("simulate_text32")
+    times = {(c["world"], c["scheme"]): c for c in run["validation"]}
+    worlds = sorted({w for w, _ in times})
+    lines = ["| ranks | " + " | ".join(f"{NAMES.get(s, s)} measured / simulated ms" for s in SCHEME_ORDER) + " |",
+             "|---" * (1 + len(SCHEME_ORDER)) + "|"]
+    for w in worlds:
+        held = any(c["held_out"] for (cw, _), c in times.items() if cw == w)
+        lines.append(f"| {w}{' (held out)' if held else ''} | " + " | ".join(
+            f"{c['measured_s'] * 1e3:.0f} / {c['simulated_s'] * 1e3:.0f} ({100 * c['error']:+.0f}%)"
+            if (c := times.get((w, s))) else "-" for s in SCHEME_ORDER) + " |")
+    missing = [NAMES.get(s, s) for s, m in run["mape"].items() if m > 100 * TARGET_SIM_MAPE]
+    held = [NAMES.get(s, s) for s, m in run["mape_held_out"].items() if m > 100 * TARGET_SIM_MAPE]
+
+    def mapes(table):
+        return ", ".join(f"{NAMES.get(s, s)} {m:.1f}%" for s, m in table.items())
+
+    held_worlds = and_join(sorted({c["world"] for c in run["validation"] if c["held_out"]}))
+    return lines + [""] + para(
+        f"MAPE per scheme over every cell: {mapes(run['mape'])}; over the held-out cells ({held_worlds} ranks): "
+        f"{mapes(run['mape_held_out'])}.",
+        (f"The {TARGET_SIM_MAPE:.0%} MAPE target is met for every scheme over every cell" if not missing else
+         f"The {TARGET_SIM_MAPE:.0%} MAPE target is missed for {and_join(missing)} over every cell")
+        + (f"; over the held-out cells it is missed for {and_join(held)}." if held else
+           ", and over the held-out cells too."))
+
+
 def simulated_summary(res):
     """The simulator against the measured cells, and where zen leads on the faster links."""
     checked = res.json(SIMULATED[0])
@@ -918,11 +969,14 @@ def simulated_summary(res):
 
 BLOCKS = {
     ",".join(SCALE): scale_table,
-    ",".join(WEAK): weak_table,
+    ",".join(WEAK): weak_table(WEAK),
+    ",".join(WEAK32): weak_table(WEAK32, sent=True),
+    ",".join(WEAK32) + "#summary": weak_summary(WEAK32),
+    "simulate_text32": probed_simulation,
     ",".join(SIMULATED): simulated_table,
     ",".join(HOOK): hook_overhead,
     "scale16_direct#summary": scale_summary,
-    ",".join(WEAK) + "#summary": weak_summary,
+    ",".join(WEAK) + "#summary": weak_summary(WEAK),
     ",".join(SIMULATED) + "#summary": simulated_summary,
     ",".join(TOPK): topk_table,
     ",".join(TOPK) + "#summary": topk_summary,

@@ -181,3 +181,40 @@ def test_a_block_from_a_file_measured_on_earlier_code_says_so(tmp_path):
         assert r.stale_mark({"never_committed.json"}) == []  # no record: nothing to compare
     finally:
         r.ROOT = root
+
+
+def test_a_file_that_records_its_commit_is_checked_against_it(tmp_path):
+    """A results file that records the code it measured (benchmarks/allreduce.py's rows: commit, code_changed),
+    committed later than that code: checked against the recorded commit, and stale where it ran with changes."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import report as r
+
+    repo = tmp_path / "repo"
+    (repo / "zen").mkdir(parents=True)
+    (repo / "results").mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+    def commit(message):
+        git("add", "-A")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+        return git("rev-parse", "HEAD").strip()
+
+    git("init", "-q")
+    (repo / "zen" / "x.py").write_text("a = 1\n")
+    measured = commit("the code measured")
+    (repo / "zen" / "x.py").write_text("a = 2\n")
+    (repo / "results" / "run.json").write_text(json.dumps([dict(scheme="zen", commit=measured, code_changed=False)]))
+    (repo / "results" / "dirty.json").write_text(json.dumps([dict(scheme="zen", commit=measured, code_changed=True)]))
+    commit("the code changed, then the results committed")
+    root, r.ROOT = r.ROOT, str(repo)
+    try:
+        assert r.stale_mark({"run.json"}) == [
+            "", f"*Measured on an earlier version of zen/ or csrc/: run.json ({measured[:8]}).*"]
+        (repo / "zen" / "x.py").write_text("a = 1\n")  # the code as measured again
+        assert r.stale_mark({"run.json"}) == []
+        assert r.stale_mark({"dirty.json"}) == [
+            "", f"*Measured on an earlier version of zen/ or csrc/: dirty.json ({measured[:8]} with changes).*"]
+    finally:
+        r.ROOT = root
