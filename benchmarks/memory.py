@@ -47,6 +47,7 @@ def run(rank, world, args):
     import zen
     from allreduce import parse_size
     from zen.collective import make_scheme
+    from zen.schemes.balanced.pull import forget_index_sets
     from zen.schemes.call import run_call
     from zen.transport import get_comm
 
@@ -64,7 +65,7 @@ def run(rank, world, args):
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 rows.append(dict(numel=numel, density=density, scheme=name, predicted=predicted[name],
                                  measured=int(worst.item())))
-            comm._index_sets.clear()  # the next case's first zen call is cold again
+            forget_index_sets(comm)  # the next case's first zen call is cold again
     return rows
 
 

@@ -13,7 +13,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from zen import ops, wire
-from zen.schemes.balanced import BalancedParallelism
+from zen.schemes.balanced.pull import decode as decode_pull
 
 from reference import aggregate as ref_aggregate
 from reference import index_sets as ref_index_sets
@@ -160,61 +160,52 @@ def test_dense_round_trip(numel, val_dtype, seed):
 
 
 @given(st.binary(max_size=300), st.integers(16, 400), counts, st.integers(-1, 3))
-def test_slotted_round_trip(piece, slot, count, fmt):
-    """A SLOTTED message: the header in the first 16 bytes, the first part exactly ``slot`` bytes (zeros after
-    a short piece), the rest what did not fit; joined, the piece's bytes come back."""
-    first, rest = wire.pack_slotted(count, fmt, raw(piece), slot)
+def test_slotted_pull_round_trip(piece, slot, count, fmt):
+    """A SLOTTED message headed by [count, format] (zen's pull): the header in the first 16 bytes, the first part
+    exactly ``slot`` bytes (zeros after a short piece), the rest what did not fit; joined, the piece's bytes come
+    back."""
+    first, splits = wire.pack_slotted(wire.step_header(count, fmt), [raw(piece)], [slot - 16])
+    rest = raw(piece)[slot - 16:]
     head = struct.pack("<qq", count, fmt)
-    assert first.numel() == slot and bits_of(first[:16]) == head
+    assert splits == [slot] and first.numel() == slot and bits_of(first[:16]) == head
     assert bits_of(first[16:]) + bits_of(rest) == piece + bytes(max(0, slot - 16 - len(piece)))
-    assert rest.numel() == wire.slotted_rest_bytes(slot, len(piece)) == max(0, 16 + len(piece) - slot)
-    assert wire.slotted_header(first) == (count, fmt)
-    assert bits_of(wire.join_slotted(first, rest, len(piece))) == piece
-
-
-@given(st.binary(max_size=64), st.binary(max_size=64), st.integers(0, 100))
-def test_slotted_hostile_parts(first, rest, piece_bytes):
-    """A first part shorter than the header, or a second part of the wrong length, is a clean ValueError."""
-    if len(first) < 16:
-        with pytest.raises(ValueError, match="header"):
-            wire.slotted_header(raw(first))
-        return
-    assert wire.slotted_header(raw(first)) == struct.unpack("<qq", first[:16])
-    valid = len(rest) == max(0, 16 + piece_bytes - len(first))
-    got = judged(valid, lambda: wire.join_slotted(raw(first), raw(rest), piece_bytes), ValueError)
-    if valid:
-        assert bits_of(got) == (first[16:] + rest)[:piece_bytes]
+    assert rest.numel() == wire.slotted_rest_bytes(slot - 16, len(piece)) == max(0, 16 + len(piece) - slot)
+    got_head, room = wire.unpack_slotted(first, 2)
+    assert got_head.tolist() == [count, fmt]
+    assert bits_of(wire.join_slotted(room, rest, len(piece))) == piece
 
 
 @given(st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=12),
        st.lists(st.tuples(st.binary(max_size=80), st.integers(0, 12).map(lambda w: 8 * w)), min_size=1, max_size=5))
-def test_planned_round_trip(row, pieces_and_slots):
-    """PLANNED messages: each the row's int64s, then exactly its slot (a piece's first bytes, zeros after a short
-    one); unpacked, the row and the slot come back, and joined with what did not fit, the piece."""
+def test_slotted_round_trip(row, pieces_and_slots):
+    """SLOTTED messages headed by a row (the agreement's): each the row's int64s, then exactly its slot (a piece's
+    first bytes, zeros after a short one); unpacked, the row and the slot come back, and joined with what did not
+    fit, the piece."""
     pieces = [raw(piece) for piece, _ in pieces_and_slots]
     slots = [slot for _, slot in pieces_and_slots]
     mine = torch.tensor(row, dtype=torch.int64)
-    buf, splits = wire.pack_planned(mine, pieces, slots)
+    buf, splits = wire.pack_slotted(mine, pieces, slots)
     assert splits == [8 * len(row) + slot for slot in slots] and buf.numel() == sum(splits)
     for message, (piece, slot) in zip(wire.split(buf, splits), pieces_and_slots):
-        got_row, first = wire.unpack_planned(message, len(row))
+        got_row, first = wire.unpack_slotted(message, len(row))
         assert got_row.tolist() == row and first.numel() == slot
         assert bits_of(first) == piece[:slot] + bytes(max(0, slot - len(piece)))
-        assert bits_of(wire.join_planned(first, raw(piece[slot:]), len(piece))) == piece
+        assert bits_of(wire.join_slotted(first, raw(piece[slot:]), len(piece))) == piece
 
 
 @given(st.binary(max_size=64), st.binary(max_size=64), st.integers(0, 100), st.integers(0, 8))
-def test_planned_hostile_parts(first, rest, piece_bytes, row_ints):
-    """A message shorter than its row, or a second part of the wrong length, is a clean ValueError."""
-    valid = len(first) >= 8 * row_ints
-    got = judged(valid, lambda: wire.unpack_planned(raw(first), row_ints), ValueError)
+def test_slotted_hostile_parts(first, rest, piece_bytes, head_ints):
+    """A message shorter than its head, or a second part of the wrong length, is a clean ValueError."""
+    valid = len(first) >= 8 * head_ints
+    got = judged(valid, lambda: wire.unpack_slotted(raw(first), head_ints), ValueError)
     if not valid:
         return
-    slot = got[1]
+    head, slot = got
+    assert head.tolist() == list(struct.unpack(f"<{head_ints}q", first[:8 * head_ints]))
     valid = len(rest) == max(0, piece_bytes - slot.numel())
-    joined = judged(valid, lambda: wire.join_planned(slot, raw(rest), piece_bytes), ValueError)
+    joined = judged(valid, lambda: wire.join_slotted(slot, raw(rest), piece_bytes), ValueError)
     if valid:
-        assert bits_of(joined) == (first[8 * row_ints:] + rest)[:piece_bytes]
+        assert bits_of(joined) == (first[8 * head_ints:] + rest)[:piece_bytes]
 
 
 # --- wire: unpacking hostile bytes --------------------------------------------------------------------------
@@ -454,7 +445,7 @@ def check_pull(comm, blob, j, count, fmt, numel, val_dtype, width=1):
     sets, offsets = comm.index_sets(numel, "cpu")
     index_set = sets[offsets[j]:offsets[j + 1]]
     expected = reference_pull(blob, count, fmt, index_set.tolist(), idx_dtype, val_dtype, width)
-    got = judged(expected is not None, lambda: BalancedParallelism._decode_pull(
+    got = judged(expected is not None, lambda: decode_pull(
         comm, raw(blob), j, count, fmt, numel, idx_dtype, val_dtype, width), (ValueError, RuntimeError))
     if expected is None:
         return None

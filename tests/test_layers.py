@@ -13,7 +13,7 @@ LAYERS = {
     "zen.geometry": 2, "zen.units": 2,
     "zen.transport": 3, "zen.lane": 3, "zen.schedules": 3, "zen.agreement": 3,
     "zen.cost": 4,
-    "zen.schemes": 5,
+    "zen.schemes": 5, "zen.schemes.balanced": 5,
     "zen.measurement": 6,
     "zen.auto": 7, "zen.topk": 7, "zen.hierarchy": 7,
     "zen": 8, "zen.collective": 8, "zen.hook": 8, "zen.bucket_plan": 8, "zen.totals": 8, "zen.prediction": 8, "zen.planner": 8, "zen.info": 8,

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 import zen
 from distributed import run_ranks
 
-# The phases of one run of the zen scheme over one group of segments (zen/schemes/balanced.py), and the scan
+# The phases of one run of the zen scheme over one group of segments (zen/schemes/balanced/scheme.py), and the scan
 # of the call that chooses rows or elements (zen/schemes/call.py).
 ZEN_PHASES = ("partition", "agree", "push", "aggregate", "encode", "pull", "decode", "scatter")
 

@@ -16,16 +16,22 @@ The group stays usable after a :class:`MismatchError`. The row's length never de
 on the problem (the scheme's numbers are padded to :func:`capacity` slots; a rank with a problem sends its
 message as text in those slots), so a bad call on one rank cannot desynchronise the all-gather itself.
 
-A scheme that pushes pieces to their owners right after the agreement (zen) may send their first bytes in
-the agreement's own messages (:func:`agree_and_push`), so that the call spends no round on the agreement
-alone. The message from rank p to rank j is then the row and a slot of S[p][j] bytes (wire PLANNED). Both
-ends must know S before anything is exchanged, also when the ranks' calls differ, so S never depends on the
-call's arguments: it is the plan that the scheme filed (:func:`file_plan`) on the call that followed the
-same agreement last time, looked up by the code of the previous agreement's headers, which every rank saw
-alike. A repeated sequence of calls (a training step's buckets) thus sends each call's pieces in slots
-sized from its own last counts; a call that breaks the sequence pays its predecessor's slots in padding,
-and a rank that reports a problem sends its row in the same slots. A plan may also say that the slots hold
-the tensor whole (a small call that its scheme sums dense: an all-gather that costs no round of its own).
+The agreement's messages may also carry payload bytes for the peers (:func:`agree_and_carry`), so that a
+scheme whose next step sends each peer something (zen's push) spends no round on the agreement alone. The
+message from rank p to rank j is then the row and a slot of S[p][j] bytes (wire SLOTTED, headed by the
+row). The agreement knows nothing of what the slots hold: the scheme files a plan, S and an opaque label
+saying what the slots are to hold (:func:`file_plan`), and finds it again before the next call
+(:func:`planned`).
+
+Both ends must know S before anything is exchanged, and every rank's messages must have the same sizes, also
+when one rank reports a problem (:func:`report`: it has no scheme running, yet sends its row in the same
+slots) or runs another scheme. So S can depend on nothing of the call itself, and the store of plans is
+the agreement's, not a scheme's: a plan is filed under the code of the agreement that preceded the call
+that filed it, and used by the next call that follows an agreement of the same code, which every rank saw
+alike. A repeated sequence of calls (a training step's buckets) thus finds each call's plan, sized from its
+own last time; a call that breaks the sequence pays its predecessor's slots in padding (or uses a plan
+filed by another scheme: a scheme reads only a label of its own). The sizing rule and the payloads are the
+scheme's (zen's: :mod:`zen.schemes.balanced.push`).
 """
 import enum
 import weakref
@@ -90,8 +96,10 @@ _PROBLEM = HEADER_FIELDS.index("problem")
 
 
 def capacity(n: int) -> int:
-    """Slots of the row for a scheme's numbers at n ranks: n counts, n fractions four to an int64
-    (``wire.pack_fractions``: zen's), and SLACK more, so that zen's agreement is one exchange at any n."""
+    """Slots of the row for a scheme's numbers at n ranks, the same for every scheme (the rows' sizes may not
+    depend on the call): an int and a fraction (``wire.pack_fractions``, four to an int64) per rank, and
+    SLACK more; room for zen's n counts, gamma and n union fractions, so that its agreement is one exchange at
+    any n."""
     return n + -(-n // wire.FRACTIONS_PER_INT) + SLACK
 
 
@@ -272,9 +280,9 @@ def _shape_text(shape) -> str:
 
 @dataclass
 class _Plans:
-    """A group's plans of the first exchange: ``slots[code]`` is (S, whole): S (bytes, S[p][j] from rank p to
-    rank j) of the call that last followed the agreement of headers ``code``, and whether its slots held the
-    tensor whole; ``last``, the code of the previous agreement; ``source``, the code the current call's plan
+    """A group's plans of the agreement's slots: ``slots[code]`` is (S, label): S (bytes, S[p][j] from rank p to
+    rank j) of the call that last followed the agreement of headers ``code``, and the label its scheme filed
+    (opaque here); ``last``, the code of the previous agreement; ``source``, the code the current call's plan
     is filed under."""
 
     last: int = 0
@@ -286,11 +294,11 @@ _PLANS_KEPT = 64
 _plans = weakref.WeakKeyDictionary()  # Comm -> _Plans
 
 
-def _exchange_rows(comm, row: List[int], pieces=None):
-    """Every rank's ``row`` (a CPU tensor [world, len]) and, from each rank q, the first S[q][me] bytes of its
-    piece for this rank (``pieces``: this rank's piece for each rank, byte tensors; None: none, its slots go
-    as zeros), with S the plan that follows the previous agreement (all zeros where none: a plain all-gather).
-    Returns (rows, firsts, S)."""
+def _exchange_rows(comm, row: List[int], payloads=None):
+    """Every rank's ``row`` (a CPU tensor [world, len]) and, from each rank q, the S[q][me] bytes of its slot
+    for this rank (``payloads``: this rank's payload for each rank, byte tensors, cut at the slot; None: the
+    slots go as zeros), with S the plan that follows the previous agreement (all zeros where none: a plain
+    all-gather). Returns (rows, slots received, S)."""
     plans = _plans.setdefault(comm, _Plans())
     n, me = comm.world, comm.rank
     slots = planned(comm)[0]
@@ -299,32 +307,32 @@ def _exchange_rows(comm, row: List[int], pieces=None):
         firsts = [torch.empty(0, dtype=torch.uint8, device=comm.device)] * n
     else:
         mine = torch.tensor(row, dtype=torch.int64, device=comm.device)
-        send, send_splits = wire.pack_planned(mine, pieces, slots[me])
-        recv_splits = [wire.planned_bytes(mine, slots[q][me]) for q in range(n)]
+        send, send_splits = wire.pack_slotted(mine, payloads, slots[me])
+        recv_splits = [wire.slotted_bytes(len(row), slots[q][me]) for q in range(n)]
         recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=comm.device)
-        largest = max(wire.planned_bytes(mine, slots[p][j]) for p in range(n) for j in range(n) if p != j)
+        largest = max(wire.slotted_bytes(len(row), slots[p][j]) for p in range(n) for j in range(n) if p != j)
         comm.all_to_all(recv, send, recv_splits, send_splits, largest)
-        parts = [wire.unpack_planned(part, len(row)) for part in wire.split(recv, recv_splits)]
+        parts = [wire.unpack_slotted(part, len(row)) for part in wire.split(recv, recv_splits)]
         rows, firsts = torch.stack([r for r, _ in parts]).cpu(), [first for _, first in parts]
     plans.source, plans.last = plans.last, zlib.crc32(rows[:, :len(HEADER_FIELDS)].numpy().tobytes())
-    plans.slots.pop(plans.source, None)  # refiled by the scheme (file_plan) where it pushed
+    plans.slots.pop(plans.source, None)  # refiled by the scheme (file_plan) where it carried payloads
     return rows, firsts, slots
 
 
-def planned(comm) -> Tuple[List[List[int]], bool]:
-    """(S, whole): the plan the group's next agreement will use (all zeros where there is none), the same on
-    every rank; ``whole``: its slots are to hold the tensor whole."""
+def planned(comm) -> Tuple[List[List[int]], object]:
+    """(S, label): the plan the group's next agreement will use (all zeros and None where there is none), the
+    same on every rank; ``label``: what the scheme that filed it said the slots hold."""
     plans = _plans.setdefault(comm, _Plans())
     n = comm.world
-    return plans.slots.get(plans.last) or ([[0] * n for _ in range(n)], False)
+    return plans.slots.get(plans.last) or ([[0] * n for _ in range(n)], None)
 
 
-def file_plan(comm, slots: List[List[int]], whole: bool = False) -> None:
-    """File S (bytes, multiples of 8, S[p][j] from rank p to rank j) as the slots of the call that will
-    follow this call's agreement next time (``whole``: they are to hold the tensor whole). Call alike on
-    every rank (from what the agreement gathered), once per agreement."""
+def file_plan(comm, slots: List[List[int]], label=None) -> None:
+    """File S (bytes, multiples of 8, S[p][j] from rank p to rank j) and ``label`` (any value; the agreement
+    only hands it back) as the plan of the call that will follow this call's agreement next time. Call alike
+    on every rank (from what the agreement gathered), once per agreement."""
     plans = _plans.setdefault(comm, _Plans())
-    plans.slots[plans.source] = ([list(map(int, row)) for row in slots], whole)
+    plans.slots[plans.source] = ([list(map(int, row)) for row in slots], label)
     plans.slots.move_to_end(plans.source)
     while len(plans.slots) > _PLANS_KEPT:
         plans.slots.popitem(last=False)
@@ -338,19 +346,19 @@ def agree(comm, header: List[int], extra: List[int], detail: str = "", shape=Non
     The row has the same length on every rank (:func:`row_ints`; a longer ``extra`` takes a second
     all-gather, decided from the gathered lengths, so alike on all ranks). Where the shapes or the schemes
     differ, every rank takes one more exchange of ``shape`` and ``scheme_name`` as text to name them."""
-    return agree_and_push(comm, header, extra, None, detail, shape, scheme_name)[0]
+    return agree_and_carry(comm, header, extra, None, detail, shape, scheme_name)[0]
 
 
-def agree_and_push(comm, header: List[int], extra: List[int], pieces, detail: str = "", shape=None,
-                   scheme_name: str = ""):
-    """:func:`agree`, with the first bytes of this rank's ``pieces`` (one byte tensor per rank, or None) in the
-    planned slots of its messages (see the module docstring). Returns (extra columns, firsts, S): firsts[q],
-    the first S[q][me] bytes of rank q's piece for this rank (zero-padded where the piece is shorter)."""
+def agree_and_carry(comm, header: List[int], extra: List[int], payloads, detail: str = "", shape=None,
+                    scheme_name: str = ""):
+    """:func:`agree`, with the first bytes of this rank's ``payloads`` (one byte tensor per rank, or None) in
+    the planned slots of its messages (see the module docstring). Returns (extra columns, firsts, S): firsts[q],
+    the first S[q][me] bytes of rank q's payload for this rank (zero-padded where the payload is shorter)."""
     extra = [int(v) for v in extra]
     room = capacity(comm.world)
     slots = encode_text(detail, room) if detail else extra[:room] + [0] * max(0, room - len(extra))
     comm.agreements += 1
-    rows, firsts, planned = _exchange_rows(comm, list(header) + [len(extra)] + slots, pieces)
+    rows, firsts, planned = _exchange_rows(comm, list(header) + [len(extra)] + slots, payloads)
     width = len(header)
     headers = rows[:, :width].tolist()
     details = [decode_text(rows[r, width + 1:].tolist()) if headers[r][_PROBLEM] else "" for r in range(comm.world)]

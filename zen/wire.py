@@ -19,19 +19,18 @@ empty (0 bytes): the receiver knows the count beforehand.
 SparCML's point-to-point messages are a STEP_HEADER, [count, format] as two int64 (``step_header``),
 followed by a COO or DENSE piece; the header is left out where the receiver already knows the count.
 
-zen's pull messages are SLOTTED: a STEP_HEADER and a COO or BITMAP piece, cut at a slot size that every
-rank computes beforehand (so no round is spent on exchanging sizes). The first ``slot`` bytes go in one
-message, zero-padded to exactly ``slot`` when the message is shorter; what exceeds the slot goes in a second
-message, whose size the receiver reads from the header in the first:
+SLOTTED is how a piece travels where no round is spent on exchanging its size: both ends know a room of
+``room`` bytes before anything is exchanged, and the message is a head of h int64s (what the receiver reads
+first), then the piece's first ``room`` bytes, zero-padded to exactly ``room`` when the piece is shorter; what
+exceeds the room follows in a second message, whose size the receiver learns from the head (or knew already):
 
-    SLOTTED [ count, format : 16 bytes | piece ... | zeros to slot ]  [ the rest of the piece, if any ]
+    SLOTTED [ head : 8 h bytes | piece ... | zeros to room ]  [ the rest of the piece, if any ]
 
-zen's push rides in the agreement's messages, PLANNED: the agreement row (int64s, ``zen.agreement``) and the
-first bytes of a COO piece, cut at a slot that both ends know from the plan; the receiver learns the piece's
-size from the rows (its count), and what exceeds the slot follows in a second message. Where the plan says
-so, the slot holds a DENSE piece instead, the tensor whole (a small call that zen sums dense):
-
-    PLANNED [ agreement row : 8 L bytes | piece ... | zeros to slot ]  [ the rest of the piece, if any ]
+The agreement's messages are SLOTTED (``zen.agreement``): the head is the agreement row, the room the plan's
+slot S[p][j], which carries whatever the scheme filed the plan for (zen: the first bytes of a COO piece, whose
+size the receiver reads from the counts in the rows, or a DENSE piece, the tensor whole). So are zen's pull
+messages: the head is a STEP_HEADER [count, format] and the piece COO or BITMAP, in a room that every rank
+sizes alike from the agreed counts and the previous call's unions.
 """
 import torch
 
@@ -158,43 +157,8 @@ def step_header(count: int, fmt: int, device=None) -> torch.Tensor:
     return torch.tensor([count, fmt], dtype=torch.int64, device=device)
 
 
-HEADER_BYTES = 16
-
-
-def pack_slotted(count: int, fmt: int, piece: torch.Tensor, slot: int) -> tuple:
-    """A SLOTTED message of ``piece`` cut at ``slot`` bytes (at least HEADER_BYTES): (first, rest), first
-    exactly ``slot`` bytes, rest the bytes that did not fit (empty when none)."""
-    if slot < HEADER_BYTES:
-        raise ValueError(f"zen: a slot of {slot} bytes cannot hold the {HEADER_BYTES}-byte header")
-    first = torch.zeros(slot, dtype=torch.uint8, device=piece.device)
-    first[:HEADER_BYTES] = _as_bytes(step_header(count, fmt, piece.device))
-    fits = min(piece.numel(), slot - HEADER_BYTES)
-    first[HEADER_BYTES:HEADER_BYTES + fits] = piece[:fits]
-    return first, piece[fits:]
-
-
-def slotted_header(first: torch.Tensor) -> tuple:
-    """(count, format) from the first part of a SLOTTED message."""
-    if first.numel() < HEADER_BYTES:
-        raise ValueError(f"zen: truncated slotted message: {first.numel()} bytes, the header needs {HEADER_BYTES}")
-    count, fmt = first[:HEADER_BYTES].clone().view(torch.int64).tolist()
-    return count, fmt
-
-
-def slotted_rest_bytes(slot: int, piece_bytes: int) -> int:
-    """Bytes of a SLOTTED message's second part: what of the header and the piece exceeds the slot."""
-    return max(0, HEADER_BYTES + piece_bytes - slot)
-
-
-def join_slotted(first: torch.Tensor, rest: torch.Tensor, piece_bytes: int) -> torch.Tensor:
-    """The piece (``piece_bytes`` bytes) from the two parts of a SLOTTED message; a view where it fit the slot."""
-    if rest.numel() != slotted_rest_bytes(first.numel(), piece_bytes):
-        raise ValueError(f"zen: slotted message of a {piece_bytes}-byte piece in a {first.numel()}-byte slot "
-                         f"needs a second part of {slotted_rest_bytes(first.numel(), piece_bytes)} bytes, "
-                         f"got {rest.numel()}")
-    if not rest.numel():
-        return first[HEADER_BYTES:HEADER_BYTES + piece_bytes]
-    return torch.cat([first[HEADER_BYTES:], rest])
+STEP_HEADER_INTS = 2  # [count, format]
+HEADER_BYTES = 8 * STEP_HEADER_INTS
 
 
 def pack_dense(values: torch.Tensor) -> torch.Tensor:
@@ -254,41 +218,48 @@ def unpack_blocks(buf: torch.Tensor, count: int, num_blocks: int, block_size: in
     return buf[:nb], _section(buf, padded(nb), count * block_size, val_dtype).view(count, block_size)
 
 
-def planned_bytes(row: torch.Tensor, slot: int) -> int:
-    """Bytes of a PLANNED message of agreement row ``row`` (int64) and a slot of ``slot`` bytes."""
-    return row.numel() * 8 + slot
+def slotted_bytes(head_ints: int, room: int) -> int:
+    """Bytes of a SLOTTED message's first part: a head of ``head_ints`` int64s and a room of ``room`` bytes."""
+    return 8 * head_ints + room
 
 
-def pack_planned(row: torch.Tensor, pieces, slots) -> tuple:
-    """(buffer, splits): one PLANNED message per rank j, ``row`` (int64) and the first slots[j] bytes of
-    pieces[j] (a byte tensor; ``pieces`` None: zeros), zero-padded to the slot."""
-    splits = [planned_bytes(row, slot) for slot in slots]
-    buf = torch.zeros(sum(splits), dtype=torch.uint8, device=row.device)
-    head = row.numel() * 8
+def pack_slotted(head: torch.Tensor, pieces, rooms) -> tuple:
+    """(buffer, splits): one SLOTTED first part per room, rooms[j] bytes after ``head`` (int64) holding the first
+    bytes of pieces[j] (a byte tensor; ``pieces`` None: zeros), zero-padded to the room. The rest of piece j,
+    ``pieces[j][rooms[j]:]``, follows in a second message where it is not empty."""
+    splits = [slotted_bytes(head.numel(), room) for room in rooms]
+    buf = torch.zeros(sum(splits), dtype=torch.uint8, device=head.device)
+    at = head.numel() * 8
     for j, message in enumerate(split(buf, splits)):
-        message[:head] = _as_bytes(row)
+        message[:at] = _as_bytes(head)
         if pieces is not None:
-            fits = min(pieces[j].numel(), slots[j])
-            message[head:head + fits] = pieces[j][:fits]
+            fits = min(pieces[j].numel(), rooms[j])
+            message[at:at + fits] = pieces[j][:fits]
     return buf, splits
 
 
-def unpack_planned(message: torch.Tensor, row_ints: int) -> tuple:
-    """(row, first): the agreement row (``row_ints`` int64) and the slot's bytes of a PLANNED message."""
-    head = row_ints * 8
-    if message.numel() < head:
-        raise ValueError(f"zen: truncated planned message: {message.numel()} bytes, the row needs {head}")
-    return message[:head].clone().view(torch.int64), message[head:]
+def unpack_slotted(message: torch.Tensor, head_ints: int) -> tuple:
+    """(head, room): the head (``head_ints`` int64s, a copy) and the room's bytes (a view) of a SLOTTED
+    message's first part; raises where it is shorter than its head."""
+    at = head_ints * 8
+    if message.numel() < at:
+        raise ValueError(f"zen: truncated slotted message: {message.numel()} bytes, the head needs {at}")
+    return message[:at].clone().view(torch.int64), message[at:]
 
 
-def join_planned(first: torch.Tensor, rest: torch.Tensor, piece_bytes: int) -> torch.Tensor:
-    """The piece (``piece_bytes`` bytes) from the slot of a PLANNED message (``first``) and its second part;
-    a view where it fit the slot."""
-    need = max(0, piece_bytes - first.numel())
+def slotted_rest_bytes(room: int, piece_bytes: int) -> int:
+    """Bytes of a SLOTTED message's second part: what of a ``piece_bytes``-byte piece exceeds the room."""
+    return max(0, piece_bytes - room)
+
+
+def join_slotted(room: torch.Tensor, rest: torch.Tensor, piece_bytes: int) -> torch.Tensor:
+    """The piece (``piece_bytes`` bytes) from a SLOTTED message's room and its second part; a view where it fit
+    the room."""
+    need = slotted_rest_bytes(room.numel(), piece_bytes)
     if rest.numel() != need:
-        raise ValueError(f"zen: planned message of a {piece_bytes}-byte piece in a {first.numel()}-byte slot needs "
+        raise ValueError(f"zen: slotted message of a {piece_bytes}-byte piece in a {room.numel()}-byte room needs "
                          f"a second part of {need} bytes, got {rest.numel()}")
-    return torch.cat([first, rest]) if need else first[:piece_bytes]
+    return torch.cat([room, rest]) if need else room[:piece_bytes]
 
 
 # Fractions in [0, 1] that ride in the agreement (zen's union fractions), FRACTION_BITS each, four to an int64

@@ -1,5 +1,5 @@
-"""The fixed schemes, registered by name (``zen.schemes.registry``); one module per scheme holds its protocol
-and its cost formulas.
+"""The fixed schemes, registered by name (``zen.schemes.registry``); one module per scheme (zen's: a package,
+``zen.schemes.balanced``) holds its protocol and its cost formulas.
 
     dense       torch.distributed.all_reduce (ring), the baseline
     agsparse    all-gather of every rank's COO, then a local sum (gloo's sparse allreduce, Horovod)

@@ -97,12 +97,12 @@ class Call:
         """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank. Where
         the caller chooses the block size, its ``choice_counts`` ride in front and ``on_choice`` gets their
         sums over the ranks (and may raise, alike on every rank). Once agreed, a plain all-gather."""
-        return self.agree_and_push(extra, None)[0]
+        return self.agree_and_carry(extra, None)[0]
 
-    def agree_and_push(self, extra: List[int], pieces) -> Tuple[Tensor, List[Tensor], List[List[int]]]:
-        """:meth:`agree`, with the first bytes of ``pieces`` (this rank's byte piece for each rank) in the
-        agreement's planned slots (:func:`zen.agreement.agree_and_push`). Returns (extra columns, firsts, S):
-        firsts[q], the first S[q][me] bytes of rank q's piece for this rank; once agreed, S is all zeros
+    def agree_and_carry(self, extra: List[int], payloads) -> Tuple[Tensor, List[Tensor], List[List[int]]]:
+        """:meth:`agree`, with the first bytes of ``payloads`` (this rank's bytes for each rank) in the
+        agreement's planned slots (:func:`zen.agreement.agree_and_carry`). Returns (extra columns, firsts, S):
+        firsts[q], the first S[q][me] bytes of rank q's payload for this rank; once agreed, S is all zeros
         (nothing rode along). The scheme files the next call's plan with :meth:`file_plan`."""
         n = self.comm.world
         if self.agreed:
@@ -110,8 +110,8 @@ class Call:
             return self.comm.all_gather_rows(extra), [empty] * n, [[0] * n for _ in range(n)]
         self.agreed = self.plan_open = True
         counts, self.choice_counts = self.choice_counts or [], None
-        rows, firsts, slots = agreement.agree_and_push(self.comm, self.header, counts + list(extra), pieces,
-                                                       shape=self.shape, scheme_name=self.scheme_name)
+        rows, firsts, slots = agreement.agree_and_carry(self.comm, self.header, counts + list(extra), payloads,
+                                                        shape=self.shape, scheme_name=self.scheme_name)
         if counts:
             self.on_choice(rows[:, :len(counts)].sum(dim=0).tolist())
         return rows[:, len(counts):], firsts, slots
@@ -122,19 +122,19 @@ class Call:
         self.comm.all_reduce(values, self.value_dtype)
         self.dense.write(values)
 
-    def planned(self) -> Tuple[List[List[int]], bool]:
-        """(S, whole) of the plan this call's agreement will use (:func:`zen.agreement.planned`); nothing
+    def planned(self) -> Tuple[List[List[int]], object]:
+        """(S, label) of the plan this call's agreement will use (:func:`zen.agreement.planned`); nothing
         rides along once agreed."""
         n = self.comm.world
-        return ([[0] * n for _ in range(n)], False) if self.agreed else agreement.planned(self.comm)
+        return ([[0] * n for _ in range(n)], None) if self.agreed else agreement.planned(self.comm)
 
-    def file_plan(self, slots: List[List[int]], whole: bool = False) -> None:
-        """The slots (bytes, S[p][j]) that the next call after this call's predecessor will push in
-        (:func:`zen.agreement.file_plan`); the first filing of the call counts (a call that reduces several
-        groups of segments pushes the first group's pieces in the agreement)."""
+    def file_plan(self, slots: List[List[int]], label=None) -> None:
+        """The slots (bytes, S[p][j]) that the next call after this call's predecessor will carry payloads
+        in, and what they are to hold (:func:`zen.agreement.file_plan`); the first filing of the call counts
+        (a call that reduces several groups of segments carries the first group's payloads in the agreement)."""
         if self.plan_open:
             self.plan_open = False
-            agreement.file_plan(self.comm, slots, whole)
+            agreement.file_plan(self.comm, slots, label)
 
     @property
     def choosing(self) -> bool:
