@@ -11,7 +11,8 @@ The package is layered; each layer imports only from the ones below it (tests/te
     2 shared geometry       geometry, units
     3 transport, agreement  transport, lane, schedules, agreement
     4 cost model            cost (model, terms, estimate)
-    5 fixed schemes         schemes (registry, base, call, one module per scheme)
+    5 fixed schemes         schemes (registry, base, call, one module per scheme; balanced: scheme, push,
+                            pull, cost)
     6 measurement           measurement (store, timing, kernels, probe, calibration, workload)
     7 policy                auto, topk, hierarchy (policy, node, plan, strided, coo, topology, cost, prediction)
     8 face                  collective, hook, bucket_plan, totals, prediction, planner, info, testing
