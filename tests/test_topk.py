@@ -121,6 +121,32 @@ def test_bad_settings_raise_naming_the_setting(kwargs, name):
         zen.ZenState(**kwargs)
 
 
+def test_the_parts_are_the_flat_keywords():
+    """ZenState(topk=TopK(...), scheme=SchemeSettings(...)) is the flat form: same settings, checkpoints that load
+    into each other, the flat names read back; a part given whole takes none of its keywords beside it, and
+    belongs to one state (it keeps that state's residuals)."""
+    import zen
+
+    flat = zen.ZenState(topk_ratio=0.01, warmup_steps=2, momentum=0.9, num_probes=0, dense_threshold=0.5)
+    parts = zen.ZenState(scheme=zen.SchemeSettings("zen", dense_threshold=0.5, num_probes=0),
+                         topk=zen.TopK(0.01, warmup_steps=2, momentum=0.9))
+    assert parts.topk_settings() == flat.topk_settings() and parts.scheme_settings == flat.scheme_settings
+    assert (parts.topk_ratio, parts.momentum, parts.num_probes, parts.dense_threshold) == (0.01, 0.9, 0, 0.5)
+    parts.load_state_dict(flat.state_dict())
+    with pytest.raises(ValueError, match="warmup_steps"):
+        zen.ZenState(topk_ratio=0.01, warmup_steps=3).load_state_dict(parts.state_dict())
+    with pytest.raises(TypeError, match="warmup_steps given beside"):
+        zen.ZenState(topk=zen.TopK(0.01), warmup_steps=3)
+    with pytest.raises(TypeError, match="num_probes given beside"):
+        zen.ZenState(scheme=zen.SchemeSettings("zen"), num_probes=0)
+    with pytest.raises(ValueError, match="TopK: ratio must be None or in"):
+        zen.TopK(1.5)
+    topk = zen.TopK(0.01)
+    zen.ZenState(topk=topk)
+    with pytest.raises(ValueError, match="another ZenState's"):
+        zen.ZenState(topk=topk)
+
+
 # --- several ranks: the hook against a plain-torch reference and dist.all_reduce --------------------------
 
 
@@ -158,7 +184,7 @@ def _hook_matches_reference(rank, world, scheme, hierarchy):
             sent, residual = _reference_step(grad[:6400], residual, 0.05, world)
             ref = torch.cat([sent, grad[6400:] / world])
             dist.all_reduce(ref)
-            assert torch.equal(state._residuals[0].error, residual)
+            assert torch.equal(state.topk.residuals[0].error, residual)
             assert state.last_stats["sent"] == 320
             assert state.last_stats["hierarchy"] == hierarchy
         assert torch.equal(out, ref), (rank, step)
@@ -184,7 +210,7 @@ def _global_topk(rank, world):
     grad = _gradient(numel, 100 + rank)
     buffer = grad.clone()
     out = zen.zen_hook(state, LocalBucket(buffer, parameters=params, is_last=True)).wait()
-    residual = state._residuals[0].error
+    residual = state.topk.residuals[0].error
     # What each rank sent (its top-k of g / n), summed by dist.all_reduce.
     sent = torch.zeros(numel)
     acc = grad / world
@@ -265,7 +291,7 @@ def _resume(rank, world):
     resumed = [p.detach().clone() for p in ddp2.module.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(uninterrupted, resumed))
     assert state2.summary()["steps"] == state.summary()["steps"] == 9
-    assert len(state._residuals) >= 2 and all(bool(r.error.any()) for r in state._residuals.values())
+    assert len(state.topk.residuals) >= 2 and all(bool(r.error.any()) for r in state.topk.residuals.values())
     return True
 
 
@@ -292,7 +318,7 @@ def test_load_state_dict_rejects_residuals_of_another_world_size(monkeypatch):
     monkeypatch.setattr(zen.ZenState, "_world", lambda self: 2)
     resumed = zen.ZenState(topk_ratio=0.01, warmup_steps=3)
     resumed.load_state_dict(saved)
-    assert torch.equal(resumed._residuals[0].error, torch.ones(4))
+    assert torch.equal(resumed.topk.residuals[0].error, torch.ones(4))
 
 
 def test_pickling_leaves_out_the_group_and_warns_on_reattach():
@@ -348,7 +374,7 @@ def _rebuild(rank, world):
             ref = torch.cat([sent_a, sent_b])
             dist.all_reduce(ref)
             assert torch.equal(out, ref), step
-    assert torch.equal(torch.cat([state._residuals[0].error, state._residuals[1].error]), residual)
+    assert torch.equal(torch.cat([state.topk.residuals[0].error, state.topk.residuals[1].error]), residual)
 
     unknown = zen.ZenState(topk_ratio=0.1, warmup_steps=2, min_numel=1)
     for step in range(3):
@@ -380,8 +406,8 @@ def _unnamed_parameters(rank, world):
         ref, residual = (grad / world, residual) if step < 2 else _reference_step(grad, residual, 0.05, world)
         dist.all_reduce(ref)
         assert torch.equal(out, ref), step
-    assert list(state._residuals) == [("bucket", 0, 0)], list(state._residuals)
-    assert torch.equal(state._residuals[("bucket", 0, 0)].error, residual) and state.summary()["steps"] == 5
+    assert list(state.topk.residuals) == [("bucket", 0, 0)], list(state.topk.residuals)
+    assert torch.equal(state.topk.residuals[("bucket", 0, 0)].error, residual) and state.summary()["steps"] == 5
     return True
 
 

@@ -24,13 +24,14 @@ from . import cost
 from .agreement import MismatchError
 from .collective import SCHEMES, Work, all_reduce, make_scheme
 from .cost import Profile, Workload
-from .hook import ZenState, zen_hook
+from .hook import SchemeSettings, ZenState, zen_hook
 from .measurement.store import set_profile
 from .prediction import measure, predict, predict_memory, predict_phases, predict_times, probe_profile
 from .schemes import Scheme, register_scheme
+from .topk import TopK
 from .transport import BrokenGroupError, PeerError
 
 __all__ = ["all_reduce", "Work", "MismatchError", "BrokenGroupError", "PeerError", "ZenState", "zen_hook",
-           "SCHEMES", "ops", "__version__", "make_scheme", "Scheme", "register_scheme", "predict",
-           "predict_memory", "predict_times", "predict_phases", "measure", "set_profile", "probe_profile",
+           "TopK", "SchemeSettings", "SCHEMES", "ops", "__version__", "make_scheme", "Scheme", "register_scheme",
+           "predict", "predict_memory", "predict_times", "predict_phases", "measure", "set_profile", "probe_profile",
            "Profile", "Workload", "cost"]
