@@ -510,3 +510,12 @@ def test_planner_rejects_bad_input(capsys):
         main(["--world", "2", "--bandwidth", "1gbit", "--latency", "1us"])
     assert exited.value.code == 2
     assert "error: give --embedding ROWSxDIM (with --batch-tokens) or --gradient FILE.pt" in capsys.readouterr().err
+
+
+def test_the_slot_rule_is_one_rule_for_one_count_and_for_a_plan():
+    """push.plan sizes an n x n plan with cost.slot_counts; it must give slot_count's integers exactly (both
+    ends of every push message size its slot from them), including around perfect squares and large counts."""
+    from zen.schemes.balanced.cost import slot_count, slot_counts
+
+    counts = sorted({c for k in range(1, 3000) for c in (0, k, k * k, k * k - 1, k * k + 1, 37 * k ** 2 + k)})
+    assert slot_counts(torch.tensor(counts)).tolist() == [slot_count(c) for c in counts]

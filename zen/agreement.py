@@ -310,7 +310,7 @@ def _exchange_rows(comm, row: List[int], payloads=None):
         send, send_splits = wire.pack_slotted(mine, payloads, slots[me])
         recv_splits = [wire.slotted_bytes(len(row), slots[q][me]) for q in range(n)]
         recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=comm.device)
-        largest = max(wire.slotted_bytes(len(row), slots[p][j]) for p in range(n) for j in range(n) if p != j)
+        largest = wire.slotted_bytes(len(row), max(max(r[:p] + r[p + 1:]) for p, r in enumerate(slots)))
         comm.all_to_all(recv, send, recv_splits, send_splits, largest)
         parts = [wire.unpack_slotted(part, len(row)) for part in wire.split(recv, recv_splits)]
         rows, firsts = torch.stack([r for r, _ in parts]).cpu(), [first for _, first in parts]

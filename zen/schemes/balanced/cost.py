@@ -14,6 +14,8 @@ bitmap wins; the ring would send 7.3 MB.
 import math
 from typing import Dict, List, Sequence
 
+import torch
+
 from ... import wire
 from ...cost import Profile, Workload, terms
 
@@ -37,6 +39,13 @@ def slot_count(expected: float, bound: float = math.inf) -> int:
     >>> slot_count(100), slot_count(100, 50), slot_count(0)
     (126, 50, 4)"""
     return int(min(bound, math.ceil(1.02 * expected + 2.0 * math.sqrt(expected) + 4)))
+
+
+def slot_counts(expected: torch.Tensor) -> torch.Tensor:
+    """:func:`slot_count` of every entry of an int64 tensor, without a bound: the same float64 arithmetic, so
+    the same integers, in one pass (a push plan is n x n of them)."""
+    e = expected.to(torch.float64)
+    return torch.ceil(1.02 * e + 2.0 * torch.sqrt(e) + 4).to(torch.int64)
 
 
 def go_dense(nnz_per_rank: Sequence[int], numel: int, n: int, index_size: int, value_size: int, gamma: float,

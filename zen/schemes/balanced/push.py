@@ -23,7 +23,7 @@ import torch
 
 from ... import ops, wire
 from ..base import Call
-from .cost import goes_whole, slot_count
+from .cost import goes_whole, slot_counts
 
 # The labels of the plans this scheme files (the agreement hands them back untouched): what the slots hold.
 PIECES = "zen: push pieces"
@@ -40,11 +40,11 @@ def partition(indices, values, n: int, seed: int, probes: int, table_factor: flo
     return wire.split(send, splits), counts, int(part_stats[2])
 
 
-def plan(call: Call, counts: List[List[int]], si: int, sv: int) -> None:
+def plan(call: Call, counts: torch.Tensor, si: int, sv: int) -> None:
     """File the slots of the next call that follows this call's predecessor: S[p][j] = COO(slot_count(c[p][j]))
-    bytes (0 for p = j), from this call's agreed counts c, so alike on every rank."""
-    call.file_plan([[0 if p == j else wire.coo_bytes(slot_count(c), si, sv) for j, c in enumerate(row)]
-                    for p, row in enumerate(counts)], PIECES)
+    bytes (0 for p = j), from this call's agreed counts c (int64 [n, n]), so alike on every rank."""
+    slots = wire.coo_bytes(slot_counts(counts), si, sv)
+    call.file_plan(slots.fill_diagonal_(0).tolist(), PIECES)
 
 
 def whole(call: Call) -> Optional[torch.Tensor]:
@@ -107,23 +107,26 @@ class Push:
                     push_padding=sum(max(0, slot - size) for slot, size in zip(self.planned[me], self.sizes[me])))
 
 
-def send_rest(call: Call, pieces, arrived, planned, counts: List[List[int]], si: int, sv: int,
+def send_rest(call: Call, pieces, arrived, planned, counts: torch.Tensor, si: int, sv: int,
               slots_held_whole: bool) -> Push:
     """The push after the agreement: files the next call's plan (:func:`plan`) and sends what of each piece
-    outgrew its slot in one all-to-all, sized from the agreed ``counts`` (so alike on every rank; skipped where
-    nothing did). Where the slots held the tensor whole (``slots_held_whole``) but the call goes sparse, every
-    piece follows whole."""
+    outgrew its slot in one all-to-all, sized from the agreed ``counts`` (int64 [n, n]; so alike on every rank;
+    skipped where nothing did). Where the slots held the tensor whole (``slots_held_whole``) but the call goes
+    sparse, every piece follows whole. The n x n bookkeeping is tensor arithmetic: per element in Python it
+    would cost every rank O(n^2) interpreter steps per call."""
     comm = call.comm
     n, me = comm.world, comm.rank
     if slots_held_whole:
         planned, arrived = [[0] * n for _ in range(n)], [a[:0] for a in arrived]
     plan(call, counts, si, sv)
-    sizes = [[wire.coo_bytes(c, si, sv) for c in row] for row in counts]
-    overflow = [[0 if p == j else wire.slotted_rest_bytes(planned[p][j], sizes[p][j]) for j in range(n)]
-                for p in range(n)]
+    sizes = wire.coo_bytes(counts, si, sv)
+    # wire.slotted_rest_bytes of every piece: what exceeds its slot (none for a rank's own piece)
+    overflow = (sizes - torch.tensor(planned, dtype=torch.int64)).clamp_(min=0).fill_diagonal_(0)
+    largest = int(overflow.max())
+    sizes, overflow = sizes.tolist(), overflow.tolist()
     send = torch.cat([piece[planned[me][j]:] if overflow[me][j] else piece[:0] for j, piece in enumerate(pieces)])
-    rest = torch.empty(sum(overflow[q][me] for q in range(n)), dtype=torch.uint8, device=pieces[me].device)
-    largest = max(max(row) for row in overflow)
+    incoming = [row[me] for row in overflow]
+    rest = torch.empty(sum(incoming), dtype=torch.uint8, device=pieces[me].device)
     if largest:
-        comm.all_to_all(rest, send, [overflow[q][me] for q in range(n)], overflow[me], largest=largest)
+        comm.all_to_all(rest, send, incoming, overflow[me], largest=largest)
     return Push(pieces, arrived, planned, sizes, overflow, rest)

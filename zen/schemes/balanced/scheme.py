@@ -52,9 +52,9 @@ def _numbers(counts: List[int], gamma: float, fractions: List[float]) -> List[in
 
 
 def _agreed(agreed: torch.Tensor, n: int):
-    """(counts[p][j] of every rank p, gamma, fractions) from the agreement's columns; gamma and the fractions
-    are rank 0's, so every rank sees the same."""
-    return agreed[:, :n].tolist(), agreed[0, n].item() / 1e6, wire.unpack_fractions(agreed[0, n + 1:].tolist(), n)
+    """(counts[p][j] of every rank p (int64 [n, n]), gamma, fractions) from the agreement's columns; gamma and the
+    fractions are rank 0's, so every rank sees the same."""
+    return agreed[:, :n], agreed[0, n].item() / 1e6, wire.unpack_fractions(agreed[0, n + 1:].tolist(), n)
 
 
 class BalancedParallelism(Scheme):
@@ -122,8 +122,8 @@ class BalancedParallelism(Scheme):
                 _numbers(counts, *last), pieces if whole is None else [wire.pack_dense(whole)] * n)
             counts, gamma, fractions = _agreed(agreed, n)
         in_slots = sum(planned[me])
-        nnz = [sum(row) for row in counts]
-        loads = [sum(counts[p][j] for p in range(n)) for j in range(n)]  # R_j, the pairs server j receives
+        nnz = counts.sum(1).tolist()
+        loads = counts.sum(0).tolist()  # R_j, the pairs server j receives
         call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)), partition_fallback=fallback)
         if self.dense_switch and call.dense is not None and cost.go_dense(nnz, numel, n, si, sv, gamma,
                                                                           self.dense_threshold):
@@ -139,8 +139,8 @@ class BalancedParallelism(Scheme):
 
         # 4. aggregate my partition.
         with call.phase("aggregate", self.name):
-            received = [wire.unpack_coo(buf, counts[q][me], idx_dtype, on_wire, width)
-                        for q, buf in enumerate(sent.received(me))]
+            received = [wire.unpack_coo(buf, c, idx_dtype, on_wire, width)
+                        for c, buf in zip(counts[:, me].tolist(), sent.received(me))]
             union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in received]),
                                                  torch.cat([p[1] for p in received]).to(val_dtype), numel, n,
                                                  comm.seed, me)
