@@ -179,6 +179,16 @@ def test_a_block_from_a_file_measured_on_earlier_code_says_so(tmp_path):
         assert r.stale_mark({"run.json"}) == [
             "", f"*Measured on an earlier version of zen/ or csrc/: run.json ({commit[:8]}).*"]
         assert r.stale_mark({"never_committed.json"}) == []  # no record: nothing to compare
+        # and the page: a block written from the file ends with the mark
+        blocks, r.BLOCKS = r.BLOCKS, {"run": lambda res: [f"figures {res.json('run')}"]}
+        try:
+            page = r._render_page("page.md", "<!-- report:run -->\n<!-- /report:run -->",
+                                  r.Results(str(repo / "results")), set())
+        finally:
+            r.BLOCKS = blocks
+        assert page.split("\n") == ["<!-- report:run -->", "figures {}", "",
+                                     f"*Measured on an earlier version of zen/ or csrc/: run.json ({commit[:8]}).*",
+                                     "<!-- /report:run -->"]
     finally:
         r.ROOT = root
 
