@@ -127,7 +127,7 @@ def parse_time(text):
 
 # What one rank of a torch job holds here besides its workload's tensors (resident: torch, gloo and zen), with its
 # heap trimmed between calls (benchmarks/allreduce.py: release_heap).
-RANK_BYTES = 0.4 * 2**30
+RANK_BYTES = 0.3 * 2**30
 
 
 def per_core_rate(per_core_bps, ranks, ranks_per_host=1, cores=None):
