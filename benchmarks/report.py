@@ -808,7 +808,7 @@ def scale_table(res):
     return lines
 
 
-WEAK = tuple(f"weak_text64_{n}" for n in (2, 4, 8, 16))
+WEAK = tuple(f"weak_text64_{n}" for n in (2, 4, 8, 16, 24))
 WEAK32 = tuple(f"weak_text32_{n}" for n in (2, 4, 8, 16, 24, 32))
 SCHEME_ORDER = ("dense", "agsparse", "sparcml", "omnireduce", "zen")
 
