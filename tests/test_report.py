@@ -151,12 +151,9 @@ def test_the_planner_example_is_what_the_planner_prints_now():
     assert out.getvalue() == "\n".join(printed), "rerun `make results` (or its planner line)"
 
 
-def test_a_block_from_a_file_measured_on_earlier_code_says_so(tmp_path):
-    """In a repository of its own: a results file committed with the code, then zen/ changed (committed or
-    not): the block's mark names the file and its commit; with the code as measured, no mark."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import report as r
-
+def _repository(tmp_path):
+    """(repo, commit): a git repository of its own with zen/ and results/, and ``commit(message)``, which
+    commits everything in it and returns the commit's hash."""
     repo = tmp_path / "repo"
     (repo / "zen").mkdir(parents=True)
     (repo / "results").mkdir()
@@ -164,12 +161,25 @@ def test_a_block_from_a_file_measured_on_earlier_code_says_so(tmp_path):
     def git(*args):
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
 
+    def commit(message):
+        git("add", "-A")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+        return git("rev-parse", "HEAD").strip()
+
     git("init", "-q")
+    return repo, commit
+
+
+def test_a_block_from_a_file_measured_on_earlier_code_says_so(tmp_path):
+    """In a repository of its own: a results file committed with the code, then zen/ changed (committed or
+    not): the block's mark names the file and its commit; with the code as measured, no mark."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import report as r
+
+    repo, commit_all = _repository(tmp_path)
     (repo / "zen" / "x.py").write_text("a = 1\n")
     (repo / "results" / "run.json").write_text("{}")
-    git("add", "-A")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
-    commit = git("rev-parse", "HEAD").strip()
+    commit = commit_all("measured")
     root, r.ROOT = r.ROOT, str(repo)
     try:
         assert r.stale_mark({"run.json"}) == []
@@ -199,19 +209,7 @@ def test_a_file_that_records_its_commit_is_checked_against_it(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import report as r
 
-    repo = tmp_path / "repo"
-    (repo / "zen").mkdir(parents=True)
-    (repo / "results").mkdir()
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
-
-    def commit(message):
-        git("add", "-A")
-        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
-        return git("rev-parse", "HEAD").strip()
-
-    git("init", "-q")
+    repo, commit = _repository(tmp_path)
     (repo / "zen" / "x.py").write_text("a = 1\n")
     measured = commit("the code measured")
     (repo / "zen" / "x.py").write_text("a = 2\n")
