@@ -172,11 +172,12 @@ def recorded_version(name):
     return (first["commit"], bool(first.get("code_changed"))) if first.get("commit") else None
 
 
-def measured_commit(name):
-    """The commit a results file was measured at: the one it records (where it ran from a checkout of its own),
-    else the one that last changed results/NAME (git records it)."""
+def measured_version(name):
+    """(commit, code_changed) of the code a results file measured: what it records (where it ran from a checkout
+    of its own), else the commit that last changed results/NAME (git records it) and False; commit None where
+    neither says."""
     recorded = recorded_version(name)
-    return recorded[0] if recorded else _git("log", "-1", "--format=%H", "--", f"results/{name}") or None
+    return recorded or (_git("log", "-1", "--format=%H", "--", f"results/{name}") or None, False)
 
 
 def stale_files(names):
@@ -184,8 +185,7 @@ def stale_files(names):
     records it ran with changes of its own to them."""
     stale = []
     for name in sorted(names):
-        commit = measured_commit(name)
-        changed = (recorded_version(name) or (None, False))[1]
+        commit, changed = measured_version(name)
         if commit and (changed or _git("diff", "--name-only", commit, "--", *MEASURED_CODE)):
             stale.append((name, commit[:8] + (" with changes" if changed else "")))
     return stale
