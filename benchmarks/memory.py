@@ -48,6 +48,7 @@ def run(rank, world, args):
     from allreduce import parse_size
     from zen.collective import make_scheme
     from zen.schemes.balanced.pull import forget_index_sets
+    from zen.schemes.base import Request
     from zen.schemes.call import run_call
     from zen.transport import get_comm
 
@@ -60,7 +61,7 @@ def run(rank, world, args):
             predicted = zen.predict_memory(x0)
             for name in SCHEMES:
                 x = x0.clone()
-                measured = peak_bytes(lambda: run_call(comm, x, make_scheme(name)))
+                measured = peak_bytes(lambda: run_call(comm, Request(x, make_scheme(name))))
                 worst = torch.tensor([measured], dtype=torch.int64)
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 rows.append(dict(numel=numel, density=density, scheme=name, predicted=predicted[name],

@@ -303,6 +303,7 @@ def _run_predict_and_auto(rank, world):
     assert stats["auto"]["choice"] != "dense", stats
 
     # re-check: a tensor size that turns dense after 2 calls is re-decided at call 3 (recheck=3).
+    from zen.schemes.base import Request
     from zen.schemes.call import run_call
 
     auto = Auto(recheck=3)
@@ -313,8 +314,7 @@ def _run_predict_and_auto(rank, world):
             t[rank] = 1.0
         else:
             t += 1.0
-        stats = {}
-        comm.submit(lambda: run_call(comm, t, auto, "auto", stats)).wait()
+        stats = comm.submit(lambda: run_call(comm, Request(t, auto, "auto")).as_stats()).wait()
         assert torch.equal(t, torch.full_like(t, float(world)) if call >= 3 else _one_hot_sum(world, 30000))
         picks.append((stats["auto"]["choice"], stats["auto"]["measured"], "scan" in stats.get("phases", {})))
     assert [m for _, m, _ in picks] == [True, False, False, True, False, False], picks

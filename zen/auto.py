@@ -40,7 +40,8 @@ returns one shared instance: the history lives as long as the process.
 import statistics
 import threading
 import time
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
 
 from . import ops, wire
 from .cost import choose, predict_times
@@ -50,6 +51,37 @@ from .measurement.timing import trial_seconds
 from .measurement.workload import measure_now
 from .schemes import Call, Scheme, registered
 from .schemes.base import phase_range
+
+
+@dataclass
+class Pick:
+    """What auto did on one call (:attr:`zen.schemes.base.Outcome.pick`): the scheme it ran (``choice``),
+    whether the call measured the workload (``measured``; then ``predicted``, the model's seconds per
+    candidate, and ``seconds_measuring``), whether it was a trial call (timed against the other candidates:
+    ``seconds``, its slowest rank's; after a window's last trial, ``trial_medians``)."""
+
+    choice: str
+    measured: bool = False
+    trial: bool = False
+    predicted: Optional[Dict[str, float]] = None
+    seconds_measuring: Optional[float] = None
+    seconds: Optional[float] = None
+    trial_medians: Optional[Dict[str, float]] = None
+
+    @property
+    def seconds_choosing(self) -> float:
+        """What choosing cost this call: its measuring, and a trial call whole."""
+        return (self.seconds_measuring or 0.0) + (self.seconds or 0.0)
+
+    def as_stats(self) -> dict:
+        """As ``stats["auto"]``: choice and measured, then what applies (trial where True, the rest where set)."""
+        stats = dict(choice=self.choice, measured=self.measured)
+        if self.trial:
+            stats["trial"] = True
+        for name in ("predicted", "seconds_measuring", "seconds", "trial_medians"):
+            if getattr(self, name) is not None:
+                stats[name] = getattr(self, name)
+        return stats
 
 
 class _History:
@@ -169,9 +201,9 @@ class Auto(Scheme):
         if past_measuring:
             if history.trials:
                 name = history.trials.pop(0)
-                call.stats["auto"] = dict(choice=name, measured=False, trial=True)
+                call.outcome.pick = Pick(name, trial=True)
                 return name
-            call.stats["auto"] = dict(choice=history.choice, measured=False)
+            call.outcome.pick = Pick(history.choice)
             return history.choice
         measuring = time.perf_counter()
         indices, values, dense_input = coo()
@@ -193,8 +225,7 @@ class Auto(Scheme):
             names = self._candidates(agreed[0][:, 1].tolist(), numel, values, dense_input)
             history.window, history.timings, history.by_trials, history.pruned = [], {}, True, False
             history.choice, history.trials = names[0], names[1:]
-            call.stats["auto"] = dict(choice=names[0], measured=False, trial=True,
-                                      seconds_measuring=time.perf_counter() - measuring)
+            call.outcome.pick = Pick(names[0], trial=True, seconds_measuring=time.perf_counter() - measuring)
             return names[0]
         workload, profile = measured
         measuring = time.perf_counter() - measuring
@@ -210,7 +241,7 @@ class Auto(Scheme):
         near = [name for name in sorted(mean, key=mean.get) if mean[name] <= self.trial_margin * mean[history.choice]]
         history.trials = near * self.trials if len(near) > 1 and phase == self.warmup - 1 else []
         history.timings = {}
-        call.stats["auto"] = dict(choice=history.choice, predicted=times, measured=True, seconds_measuring=measuring)
+        call.outcome.pick = Pick(history.choice, measured=True, predicted=times, seconds_measuring=measuring)
         return history.choice
 
     def _candidates(self, nnz: Sequence[int], numel: int, values, dense_input: bool) -> list:
@@ -229,12 +260,13 @@ class Auto(Scheme):
     def _timed(self, call: Call, key, name: str, start: float) -> None:
         """After a trial call: record its time on the group (``zen.measurement.timing.trial_seconds``: from the last
         rank's start to the last one's end); after the last trial, pick the smallest median."""
-        if not call.stats["auto"].get("trial"):
+        pick = call.outcome.pick
+        if not pick.trial:
             return
         seconds = trial_seconds(call.comm, start, self.name)
         history = self._history[(call.comm,) + key]
         history.timings.setdefault(name, []).append(seconds)
-        call.stats["auto"]["seconds"] = seconds
+        pick.seconds = seconds
         if not history.trials:
             medians = {s: statistics.median(t) for s, t in history.timings.items()}
             if history.by_trials and not history.pruned and self.trials > 1:
@@ -246,4 +278,4 @@ class Auto(Scheme):
                     history.trials = near * (self.trials - 1)
                     return
             history.choice = min(medians, key=lambda s: (medians[s], list(self.schemes).index(s)))
-            call.stats["auto"]["trial_medians"] = medians
+            pick.trial_medians = medians

@@ -31,6 +31,7 @@ from . import agreement, ops
 from .cost.terms import balanced_bytes, dense_bytes
 from .geometry import index_size, rows_are_smaller
 from .hierarchy import POLICY
+from .schemes.base import Outcome, Request
 from .schemes.call import Segment, call_header
 from .transport import Comm
 
@@ -158,7 +159,9 @@ def check(comm: Comm, scheme, scheme_name: str, buffer: torch.Tensor, segments: 
     by the slowest rank's seconds, except that every fourth check runs the other way once, so that the
     figure of a way not chosen does not go stale."""
     comm.check_usable()
-    header, detail, _, scheme_name = call_header(comm, buffer, scheme, scheme_name, (), None, hierarchy, value_dtype)
+    header, detail = call_header(comm, Request(buffer, scheme, scheme_name, value_dtype=value_dtype,
+                                               hierarchy=hierarchy))
+    scheme_name = str(scheme_name)
     header[agreement.HEADER_FIELDS.index("shape")] = agreement.shape_code(shapes)
     if detail:
         agreement.report(comm, header, detail, shape=shapes, scheme_name=scheme_name)
@@ -207,14 +210,13 @@ class BucketPlans:
         plan = self._plans.get(index)
         return plan is not None and plan.dense and not is_due(plan, layout, step)
 
-    def dense_stats(self, buffer: torch.Tensor, comm: Comm) -> dict:
-        """The statistics of a bucket summed by its one all-reduce (a ring all-reduce's bytes)."""
+    def dense_outcome(self, buffer: torch.Tensor, comm: Comm) -> Outcome:
+        """The outcome of a bucket summed by its one all-reduce (a ring all-reduce's bytes)."""
         size = (self.value_dtype or buffer.dtype).itemsize
-        return dict(dense=True, bytes_sent=dense_bytes(buffer.numel(), comm.world, size), hierarchy="flat",
-                    block_size=1)
+        return Outcome(dense=True, bytes_sent=dense_bytes(buffer.numel(), comm.world, size), hierarchy="flat")
 
     def run(self, comm: Comm, scheme, index: int, parameters: Optional[list], buffer: torch.Tensor, segments,
-            layout: tuple, step: int, stats: dict) -> None:
+            layout: tuple, step: int) -> Outcome:
         """Bucket ``index``'s call on the lane, averaged already: a check where one is due, then its one all-reduce
         or the scheme; the plan keeps what every rank saw alike, and this rank's seconds of the way that ran."""
         plan = self._plans.get(index)
@@ -229,11 +231,11 @@ class BucketPlans:
         start = time.perf_counter()
         if dense:
             comm.all_reduce(buffer, self.value_dtype)
-            stats.update(self.dense_stats(buffer, comm))
             plan.seconds["dense"] = time.perf_counter() - start
-        else:
-            POLICY.run(comm, buffer, scheme, self.scheme_name, stats, segments=segments, value_dtype=self.value_dtype,
-                       hierarchy=self.hierarchy[0], local_size=self.hierarchy[1])
-            plan.seconds["scheme"] = time.perf_counter() - start
-            if not plan.dense:  # the scheme's way, unless this was a check's one call of it (not chosen)
-                plan.dense = bool(stats.get("dense"))
+            return self.dense_outcome(buffer, comm)
+        outcome = POLICY.run(comm, Request(buffer, scheme, self.scheme_name, segments=segments,
+                                           value_dtype=self.value_dtype, hierarchy=self.hierarchy))
+        plan.seconds["scheme"] = time.perf_counter() - start
+        if not plan.dense:  # the scheme's way, unless this was a check's one call of it (not chosen)
+            plan.dense = outcome.dense
+        return outcome

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from .auto import Auto
 from .hierarchy import POLICY, check_hierarchy
 from .schemes import Scheme, registered, scheme_class
+from .schemes.base import Request
 from .transport import check_timeout, get_comm
 
 
@@ -165,11 +166,17 @@ def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op:
             instance = make_scheme(scheme)
         except (ValueError, TypeError):
             instance = None  # reported through the agreement, so every rank raises
-    allowed = tuple(SCHEMES)
     is_cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
     stream = torch.cuda.current_stream(tensor.device) if is_cuda else None
-    future = comm.submit(lambda: POLICY.run(comm, tensor, instance, name, stats, allowed, block_size,
-                                            hierarchy=hierarchy, local_size=local_size), stream)
+    request = Request(tensor, instance, name, tuple(SCHEMES), block_size, hierarchy=(hierarchy, local_size))
+
+    def job():
+        outcome = POLICY.run(comm, request)
+        if stats is not None:
+            stats.update(outcome.as_stats())
+        return tensor
+
+    future = comm.submit(job, stream)
     work = Work(future)
     if async_op:
         return work

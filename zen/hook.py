@@ -35,7 +35,7 @@ from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
 from .hierarchy import POLICY, check_hierarchy
 from .schemes.balanced import check_settings
-from .schemes.base import phase_range
+from .schemes.base import Outcome, Request, phase_range
 from .schemes.call import run_call
 from .topk import TopK, check_topk_settings, settings_differ
 from .totals import Totals
@@ -251,9 +251,9 @@ class ZenState:
         dense_bytes and vs_dense."""
         return self.totals.summary()
 
-    def _record(self, buffer: torch.Tensor, stats: dict, seconds: float, last: bool) -> None:
-        self.last_stats = stats
-        self.totals.record(buffer.numel(), buffer.element_size(), self._comm.world, stats, seconds, last)
+    def _record(self, buffer: torch.Tensor, outcome: Outcome, seconds: float, last: bool) -> None:
+        self.last_stats = outcome.as_stats()
+        self.totals.record(buffer.numel(), buffer.element_size(), self._comm.world, outcome, seconds, last)
 
     def _end_of_backward(self, task: int) -> None:
         """The callback of a backward (graph task ``task``) in which buckets were hooked, run at its end (after
@@ -303,30 +303,30 @@ for _flat, (_part, _setting) in FLAT.items():
     setattr(ZenState, _flat, property(attrgetter(f"{_part}.{_setting}"), doc=f"``{_part}.{_setting}``"))
 
 
-def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor, segments, step: int,
-                     stats: dict) -> None:
+def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor, segments, step: int) -> Outcome:
     """One top-k step of a bucket (averaged already): the compressor sparsifies its large parameters with error
     feedback and takes out its small ones (:meth:`TopK.compress`); the scheme sums the sparsified rest, one
     all-reduce the small ones; with global top-k, what the owners dropped goes back into the residuals."""
     topk = state.topk
     sent = topk.compress(bucket, buffer, segments, step)
+    outcome = Outcome()
     if sent.parts:
+        request = Request(buffer, scheme, state.scheme, block_size=1, keep=sent.keep, value_dtype=state.value_dtype,
+                          hierarchy=(state.hierarchy, state.local_size) if sent.keep is None else None)
         if sent.keep is None:
-            POLICY.run(comm, buffer, scheme, state.scheme, stats, block_size=1, value_dtype=state.value_dtype,
-                       hierarchy=state.hierarchy, local_size=state.local_size)
+            outcome = POLICY.run(comm, request)
         else:
-            run_call(comm, buffer, scheme, state.scheme, stats, block_size=1, keep=sent.keep,
-                     value_dtype=state.value_dtype)
-            stats["hierarchy"] = "flat"  # the owners' threshold is over the whole group
-        reached = stats.pop("kept", None)
-        if reached is not None and topk.error_feedback:
-            stats["returned"] = topk.return_unsent(sent, reached, buffer.numel())
+            outcome = run_call(comm, request)
+            outcome.hierarchy = "flat"  # the owners' threshold is over the whole group
+        if outcome.kept is not None and topk.error_feedback:
+            outcome.figures["returned"] = topk.return_unsent(sent, outcome.kept, buffer.numel())
     if sent.dense is not None:
         comm.all_reduce(sent.dense, state.value_dtype)
         sent.write_small(buffer)
-        stats["bytes_sent"] = stats.get("bytes_sent", 0) + dense_bytes(
-            sent.dense.numel(), comm.world, (state.value_dtype or sent.dense.dtype).itemsize)
-    stats.update(topk_ratio=sent.ratio, sent=int(sent.indices.numel()))
+        outcome.bytes_sent += dense_bytes(sent.dense.numel(), comm.world,
+                                          (state.value_dtype or sent.dense.dtype).itemsize)
+    outcome.figures.update(topk_ratio=sent.ratio, sent=int(sent.indices.numel()))
+    return outcome
 
 
 def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -377,7 +377,7 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
             buffer.div_(comm.world)
             # seconds from the start: they include waiting for the ranks' backward to meet
             future = comm.all_reduce_async(buffer, state.value_dtype, stream, lambda: state._record(
-                buffer, plans.dense_stats(buffer, comm), time.perf_counter() - start, last))
+                buffer, plans.dense_outcome(buffer, comm), time.perf_counter() - start, last))
 
     # Step 5: a job on the lane.
     else:
@@ -385,18 +385,18 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
 
         def job():
             start = time.perf_counter()
-            stats = {}
             state._check_same_settings(comm)
             buffer.div_(comm.world)  # divide before summing: no fp16 overflow, same as DDP's own allreduce
             with phase_range(state.scheme, "bucket"):
                 if sparsify:
-                    _sparsified_call(state, comm, scheme, bucket, buffer, segments, step, stats)
+                    outcome = _sparsified_call(state, comm, scheme, bucket, buffer, segments, step)
                 elif planned:
-                    plans.run(comm, scheme, bucket.index(), parameters, buffer, segments, layout, step, stats)
+                    outcome = plans.run(comm, scheme, bucket.index(), parameters, buffer, segments, layout, step)
                 else:
-                    POLICY.run(comm, buffer, scheme, state.scheme, stats, segments=segments,
-                               value_dtype=state.value_dtype, hierarchy=state.hierarchy, local_size=state.local_size)
-            state._record(buffer, stats, time.perf_counter() - start, last)
+                    outcome = POLICY.run(comm, Request(buffer, scheme, state.scheme, segments=segments,
+                                                       value_dtype=state.value_dtype,
+                                                       hierarchy=(state.hierarchy, state.local_size)))
+            state._record(buffer, outcome, time.perf_counter() - start, last)
             return buffer
 
         future = comm.submit(job, stream)

@@ -39,6 +39,7 @@ from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile
 from .measurement.workload import measure_now
 from .schemes import Call, registered
+from .schemes.base import Request
 from .schemes.call import choose_rows, segment_entries
 from .transport import get_comm
 
@@ -91,7 +92,7 @@ def _measure_on(comm, header, tensor, whole, block_size, want_profile, profile=N
     mine = profile or cached_profile(comm.user_group)
     # The entries zen.all_reduce would reduce: rows of a sparse tensor's dense dims, or the rows of the
     # last dimension where all ranks' rows take fewer bytes (chosen alike, in the agreement), else elements.
-    call = Call(comm, header, tuple(whole.shape))
+    call = Call(comm, Request(tensor, None, "", checked=whole), header)
     if tensor.layout == torch.sparse_coo:
         t = tensor.coalesce()
         indices, values = sparse_rows(t)

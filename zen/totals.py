@@ -5,6 +5,7 @@ import threading
 from typing import Optional
 
 from .cost.terms import dense_bytes
+from .schemes.base import Outcome
 
 logger = logging.getLogger("zen")
 
@@ -44,23 +45,24 @@ class Totals:
         self.counts.update({k: v for k, v in summary.items() if k in self.counts})
         self.counts["schemes"] = dict(summary["schemes"])
 
-    def record(self, numel: int, element_size: int, world: int, stats: dict, seconds: float, last: bool) -> None:
-        """One bucket's call: its ``stats`` (bytes_sent; "groups", each "dense" or not, and auto's figures)."""
+    def record(self, numel: int, element_size: int, world: int, outcome: Outcome, seconds: float, last: bool) -> None:
+        """One bucket's call: its outcome (bytes sent; each group dense or not, and
+        what auto spent choosing)."""
         with self._lock:
             counts = self.counts
             dense = dense_bytes(numel, world, element_size)
             counts["buckets"] += 1
-            counts["bytes_sent"] += stats.get("bytes_sent", 0)
+            counts["bytes_sent"] += outcome.bytes_sent
             counts["dense_bytes"] += dense
             counts["seconds"] += seconds
-            self._step[0] += stats.get("bytes_sent", 0)
+            self._step[0] += outcome.bytes_sent
             self._step[1] += dense
-            for group in stats.get("groups", [stats]):
-                name = self.scheme + (" (dense)" if group.get("dense") and self.scheme != "dense" else "")
+            for group in outcome.groups or [outcome]:
+                name = self.scheme + (" (dense)" if group.dense and self.scheme != "dense" else "")
                 counts["schemes"][name] = counts["schemes"].get(name, 0) + 1
-                auto = group.get("auto", {})
-                counts["auto_seconds"] += auto.get("seconds_measuring", 0.0) + auto.get("seconds", 0.0)
-                counts["auto_trials"] += bool(auto.get("trial"))
+                if group.pick is not None:
+                    counts["auto_seconds"] += group.pick.seconds_choosing
+                    counts["auto_trials"] += group.pick.trial
             if last:
                 self.end_step()
 

@@ -144,7 +144,6 @@ class Comm:
         self.seed = int(seed.item())
         self._lane = Lane(f"zen-lane-{self.rank}")
         self.row_choices = {}  # (segments, dtype) -> the block sizes agreed on their last call
-        self.last_stats = {}
         self.agreements = 0  # agreement exchanges started on this rank (tells a pre-exchange failure apart)
         self.broken: Optional[str] = None
         self._subs = {}  # suffix -> Comm over a subset of this group's ranks

@@ -1,19 +1,22 @@
 """A node call's steps on a sparse COO tensor (``zen.hierarchy``): as rows of its dense dims, sparse throughout."""
+import dataclasses
 import math
 import time
+from typing import Tuple
 
 import torch
 
 from .. import wire
 from ..geometry import rows_to_sparse, sparse_rows
-from ..schemes.base import phase_range
+from ..schemes.base import Outcome, Request, phase_range
 from ..schemes.call import run_call
 from ..transport import Comm
 
 
-def node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, block_size, setting) -> dict:
-    """Steps 1-3 on a sparse COO tensor, as rows of its dense dims; returns the phases' seconds and the
-    bytes sent inside the node (``setting``: the call's (hierarchy, local_size), for the cross step's agreement)."""
+def node_sparse(intra: Comm, cross: Comm, request: Request) -> Tuple[dict, Outcome]:
+    """Steps 1-3 on a sparse COO tensor, as rows of its dense dims; returns the phases' seconds with the
+    bytes sent inside the node, and the cross step's outcome."""
+    tensor, name = request.tensor, str(request.name)
     t = tensor.coalesce()
     rows, values = sparse_rows(t)
     num_rows = math.prod(t.shape[:t.sparse_dim()])
@@ -43,7 +46,7 @@ def node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, 
     with phase_range(name, "cross"):
         dense_shape = tuple(t.shape[t.sparse_dim():])
         shard = rows_to_sparse(ids - bounds[me], summed, (bounds[me + 1] - bounds[me],) + dense_shape, 1)
-        run_call(cross, shard, scheme, name, stats, allowed, block_size, whole=tensor, hierarchy=setting)
+        crossed = run_call(cross, dataclasses.replace(request, tensor=shard, checked=tensor))
     t2 = time.perf_counter()
     # Step 3: every rank's summed rows.
     with phase_range(name, "intra_all_gather"):
@@ -63,4 +66,5 @@ def node_sparse(intra: Comm, cross: Comm, tensor, scheme, name, stats, allowed, 
         tensor.copy_(rows_to_sparse(all_ids, all_values, t.shape, t.sparse_dim()))
     t3 = time.perf_counter()
     intra_bytes = sum(send_splits) - send_splits[me] + piece.numel() * (g - 1)
-    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2, intra_bytes=intra_bytes)
+    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2,
+                intra_bytes=intra_bytes), crossed

@@ -1,13 +1,15 @@
 """One node call (:mod:`zen.hierarchy`): the node's agreement on its fast links, the three steps
 (:mod:`zen.hierarchy.strided`, :mod:`zen.hierarchy.coo`), and errors told alike on every rank of every node."""
+import dataclasses
 import re
 import time
+from dataclasses import dataclass
 
 import torch
 
 from .. import agreement
 from ..agreement import MismatchError, Problem
-from ..schemes.base import phase_range
+from ..schemes.base import Outcome, Request, phase_range
 from ..schemes.call import call_header, run_call
 from ..transport import Comm
 from .coo import node_sparse
@@ -16,21 +18,37 @@ from .strided import node_strided
 from .topology import Topology, node_comms
 
 
-def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments,
-              value_dtype, setting) -> None:
-    """The three steps of :mod:`zen.hierarchy`'s docstring, for ``comm``'s rank in ``topology`` (equal nodes);
-    ``setting``: the call's (hierarchy, local_size), for its agreements."""
+@dataclass
+class NodeFigures:
+    """What a node call did beside its cross step (:attr:`zen.schemes.base.Outcome.node`): whether the steps
+    inside the node went sparse, the nodes and their ranks, the bytes sent across and inside the nodes, and
+    the call's seconds."""
+
+    intra_sparse: bool
+    nodes: int
+    local_size: int
+    inter_bytes: int
+    intra_bytes: int
+    seconds: float
+
+    def as_stats(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def node_call(comm: Comm, topology: Topology, request: Request) -> Outcome:
+    """The three steps of :mod:`zen.hierarchy`'s docstring, for ``comm``'s rank in ``topology`` (equal nodes)."""
     intra, cross = node_comms(comm, topology)
     for sub in (intra, cross):
         sub.check_usable()
-    header, detail, shape, name = call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting,
-                                              value_dtype)
+    tensor = request.tensor
+    header, detail = call_header(comm, request)
+    shape, name = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else (), str(request.name)
     node = topology.node_of(comm.rank)
     scan = None
     if not detail and tensor.layout == torch.strided and tensor.numel():
         try:
             with phase_range(name, "node_scan"):
-                scan = Scan(tensor, segments, block_size)
+                scan = Scan(tensor, request.segments, request.block_size)
         except Exception as error:  # told to the node in its agreement, so every rank raises alike
             header[-1] = Problem.FAILED_BEFORE_EXCHANGE
             detail = f"{type(error).__name__}: {error}"
@@ -53,19 +71,17 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
         intra.fail(error)
         comm.fail(error)
         raise
-    cross_stats = {}
     start = time.perf_counter()
     try:
         with torch.no_grad():
             if tensor.layout == torch.sparse_coo:
-                phases = node_sparse(intra, cross, tensor, scheme, name, cross_stats, allowed, block_size, setting)
+                phases, crossed = node_sparse(intra, cross, request)
             elif scan is None:  # nothing to sum: the cross step's agreement still checks every node
-                run_call(cross, tensor, scheme, name, cross_stats, allowed, block_size, whole=tensor, hierarchy=setting)
+                crossed = run_call(cross, dataclasses.replace(request, segments=None, checked=tensor))
                 phases = dict(intra_bytes=0)
             else:
                 scan.plan(rows, intra.world)
-                phases = node_strided(intra, cross, tensor, scan, scheme, name, cross_stats, allowed, block_size,
-                                      value_dtype, setting)
+                phases, crossed = node_strided(intra, cross, scan, request)
     except MismatchError as error:  # raised by the cross step's agreement, alike on every rank
         raise MismatchError(_cross_text(str(error), topology)) from None
     except BaseException as error:  # noqa: B036  (part-way: the ranks are out of step)
@@ -73,15 +89,11 @@ def node_call(comm: Comm, topology: Topology, tensor, scheme, scheme_name, stats
             sub.fail(error)
         raise
     intra_bytes = phases.pop("intra_bytes")
-    result = dict(cross_stats, hierarchy="node", intra_sparse=bool(scan and scan.sparse), nodes=len(topology.nodes),
-                  local_size=len(topology.nodes[0]),
-                  inter_bytes=cross_stats.get("bytes_sent", 0), intra_bytes=intra_bytes,
-                  bytes_sent=cross_stats.get("bytes_sent", 0) + intra_bytes,
-                  phases=dict(phases, **{f"cross_{k}": v for k, v in cross_stats.get("phases", {}).items()}),
-                  seconds=time.perf_counter() - start)
-    comm.last_stats = result
-    if stats is not None:
-        stats.update(result)
+    figures = NodeFigures(intra_sparse=bool(scan and scan.sparse), nodes=len(topology.nodes),
+                          local_size=len(topology.nodes[0]), inter_bytes=crossed.bytes_sent, intra_bytes=intra_bytes,
+                          seconds=time.perf_counter() - start)
+    return dataclasses.replace(crossed, bytes_sent=crossed.bytes_sent + intra_bytes, hierarchy="node", node=figures,
+                               phases=dict(phases, **{f"cross_{k}": v for k, v in crossed.phases.items()}))
 
 
 _DIFFER = "tensors or arguments differ across ranks: "

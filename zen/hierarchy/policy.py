@@ -11,13 +11,14 @@ import statistics
 import threading
 import time
 import warnings
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from ..agreement import HIERARCHIES, MismatchError
 from ..measurement.timing import trial_seconds
-from ..schemes.call import Segment, call_header, run_call
+from ..schemes.base import Outcome, Request
+from ..schemes.call import call_header, run_call
 from ..transport import Comm
 from .node import node_call
 from .topology import Topology, detect
@@ -64,39 +65,27 @@ class Hierarchy:
                 raise
         return self._topologies[key]
 
-    def run(self, comm: Comm, tensor, scheme, scheme_name=None, stats: Optional[dict] = None,
-            allowed: Sequence[str] = (), block_size: Optional[int] = None,
-            segments: Optional[Sequence[Segment]] = None, hierarchy: str = "auto", local_size: Optional[int] = None,
-            value_dtype: Optional[torch.dtype] = None):
-        """One all-reduce on ``comm``'s lane, flat (:func:`zen.schemes.call.run_call`) or by nodes, as ``hierarchy``
-        says; the arguments as run_call's. ``stats`` gets "hierarchy" (what ran) besides the scheme's."""
-        setting = (hierarchy, local_size)
+    def run(self, comm: Comm, request: Request) -> Outcome:
+        """One all-reduce on ``comm``'s lane, flat (:func:`zen.schemes.call.run_call`) or by nodes, as
+        ``request.hierarchy`` says; its outcome says which ran (``hierarchy``)."""
+        hierarchy, local_size = request.hierarchy
         if hierarchy == "flat" or comm.world == 1:
-            run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype=value_dtype,
-                     hierarchy=setting)
-            if stats is not None:
-                stats["hierarchy"] = "flat"
-            return tensor
-        topology = self.topology(comm, local_size,
-                                 lambda: call_header(comm, tensor, scheme, scheme_name, allowed, block_size, setting,
-                                                     value_dtype))
+            outcome = run_call(comm, request)
+            outcome.hierarchy = "flat"
+            return outcome
+        topology = self.topology(comm, local_size, lambda: call_header(comm, request) + (
+            _shape(request.tensor), str(request.name)))
         mode = self._mode(comm, topology, hierarchy)
-        key = (comm, topology.nodes, _tensor_key(tensor), block_size)
+        key = (comm, topology.nodes, _tensor_key(request.tensor), request.block_size)
         trial = None
         if mode == "auto":
             mode, trial = self._next(key)
         start = time.perf_counter()
-        if mode == "flat":
-            run_call(comm, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype=value_dtype,
-                     hierarchy=setting)
-        else:
-            node_call(comm, topology, tensor, scheme, scheme_name, stats, allowed, block_size, segments, value_dtype,
-                      setting)
-        if stats is not None:
-            stats["hierarchy"] = mode
+        outcome = run_call(comm, request) if mode == "flat" else node_call(comm, topology, request)
+        outcome.hierarchy = mode
         if trial is not None:
-            self._timed(comm, key, mode, start, stats)
-        return tensor
+            self._timed(comm, key, mode, start, outcome)
+        return outcome
 
     def _mode(self, comm: Comm, topology: Topology, hierarchy: str) -> str:
         """"flat", "node" or "auto" (still to be timed) for this topology; "node" on unequal nodes raises on
@@ -126,7 +115,7 @@ class Hierarchy:
             return ("node", "flat")[phase % 2], True
         return history.choice, None
 
-    def _timed(self, comm: Comm, key, mode: str, start: float, stats: Optional[dict]) -> None:
+    def _timed(self, comm: Comm, key, mode: str, start: float, outcome: Outcome) -> None:
         """Record a trial call's time on the group (the same on every rank); after the last, pick."""
         seconds = trial_seconds(comm, start, "hierarchy")
         history = self._trials[key]
@@ -134,14 +123,17 @@ class Hierarchy:
         if all(len(t) == self.trials for t in history.times.values()):
             medians = {m: statistics.median(t) for m, t in history.times.items()}
             history.choice = min(("node", "flat"), key=medians.get)
-            if stats is not None:
-                stats["hierarchy_medians"] = medians
+            outcome.figures["hierarchy_medians"] = medians
 
     def choice(self, comm: Comm, tensor, block_size: Optional[int] = None, local_size: Optional[int] = None):
         """What ``"auto"`` picked for calls like this one on ``comm`` ("node" or "flat"; None while timing)."""
         topology = self._topologies.get((comm, local_size))
         history = self._trials.get((comm, topology.nodes if topology else None, _tensor_key(tensor), block_size))
         return history.choice if history else None
+
+
+def _shape(tensor) -> tuple:
+    return tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
 
 
 def _tensor_key(tensor) -> tuple:

@@ -1,11 +1,13 @@
 """A node call's steps on a strided tensor (``zen.hierarchy``): sparse inside the node where the node's
 entries take fewer bytes than the tensor, else dense, as the call's :class:`zen.hierarchy.plan.Scan` planned."""
+import dataclasses
 import time
+from typing import Tuple
 
 import torch
 
 from .. import wire
-from ..schemes.base import phase_range
+from ..schemes.base import Outcome, Request, phase_range
 from ..schemes.call import run_call
 from ..transport import Comm
 from .plan import shard_segments
@@ -71,10 +73,10 @@ def _touched_rows(flat: torch.Tensor, lo: int, parts, starts: torch.Tensor) -> t
     return extracted, counts
 
 
-def node_strided(intra: Comm, cross: Comm, tensor, scan, scheme, name, stats, allowed, block_size,
-                  value_dtype, setting) -> dict:
+def node_strided(intra: Comm, cross: Comm, scan, request: Request) -> Tuple[dict, Outcome]:
     """Steps 1-3 on a strided tensor (sparse or dense inside the node, as ``scan`` planned); returns the
-    phases' seconds and the bytes sent inside the node."""
+    phases' seconds with the bytes sent inside the node, and the cross step's outcome."""
+    tensor, name, block_size = request.tensor, str(request.name), request.block_size
     flat, bounds, g, me = scan.flat, scan.bounds, intra.world, intra.rank
     lo, hi = bounds[me], bounds[me + 1]
     sizes = sorted(set(scan.blocks))
@@ -107,8 +109,8 @@ def node_strided(intra: Comm, cross: Comm, tensor, scan, scheme, name, stats, al
         parts = shard_segments(scan.segments, lo, hi) if block_size is None else None
         # The shard's non-zero rows are among those the node's entries touched: found there, not by a scan.
         scanned = _touched_rows(flat, lo, parts, torch.cat(touched)) if scan.sparse and parts else None
-        run_call(cross, flat[lo:hi], scheme, name, stats, allowed, block_size, parts or None, value_dtype=value_dtype,
-                 whole=tensor, scanned=scanned, hierarchy=setting)
+        crossed = run_call(cross, dataclasses.replace(request, tensor=flat[lo:hi], segments=parts or None,
+                                                      checked=tensor, scanned=scanned))
     t2 = time.perf_counter()
     with phase_range(name, "intra_all_gather"):
         if scan.sparse:  # the summed shards' entries to every rank, which clears its own entries of the others first
@@ -134,4 +136,5 @@ def node_strided(intra: Comm, cross: Comm, tensor, scan, scheme, name, stats, al
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))
     t3 = time.perf_counter()
-    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2, intra_bytes=intra_bytes)
+    return dict(intra_reduce_scatter=t1 - t0, cross=t2 - t1, intra_all_gather=t3 - t2,
+                intra_bytes=intra_bytes), crossed

@@ -10,6 +10,7 @@ import torch
 from .. import ops
 from ..cost import CALIBRATION_NUMELS, Profile, predict_times
 from ..schemes import registered
+from ..schemes.base import Request
 from ..schemes.call import run_call
 from ..transport import Comm
 from .timing import together_times
@@ -54,7 +55,7 @@ def _misses(comm: Comm, profile: Profile, repeats: int, numel: int, density: flo
     with ThreadPoolExecutor(max_workers=1, initializer=torch.set_num_threads,
                             initargs=(torch.get_num_threads(),)) as caller:
         def call(scheme):
-            return lambda y: caller.submit(run_call, comm, y, scheme).result()
+            return lambda y: caller.submit(run_call, comm, Request(y, scheme)).result()
 
         times = together_times(comm, [call(schemes[name]()) for name in names], repeats, prepare=x.clone)
     return {name: max(0.0, statistics.median(t) - predicted[name]) for name, t in zip(names, times)}

@@ -36,9 +36,10 @@ class AllGatherSparse(Scheme):
         with call.phase("agree", self.name):
             nnz = call.agree([indices.numel()])[:, 0].tolist()
         sizes = [wire.coo_bytes(k, si, sv) for k in nnz]
-        call.stats.update(nnz=nnz, bytes_sent=(n - 1) * sizes[me])
+        call.outcome.bytes_sent = (n - 1) * sizes[me]
+        call.outcome.figures["nnz"] = nnz
         if sum(sizes) == 0:
-            call.stats.update(union=0, gamma=0.0)
+            call.outcome.figures.update(union=0, gamma=0.0)
             return []
 
         with call.phase("gather", self.name):
@@ -53,7 +54,7 @@ class AllGatherSparse(Scheme):
             union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]),
                                                  numel)
         mean_nnz = sum(nnz) / n
-        call.stats.update(union=union_idx.numel(), gamma=union_idx.numel() / mean_nnz if mean_nnz else 0.0)
+        call.outcome.figures.update(union=union_idx.numel(), gamma=union_idx.numel() / mean_nnz if mean_nnz else 0.0)
         return [(union_idx, union_val)]
 
     # --- cost model ----------------------------------------------------------------------------------

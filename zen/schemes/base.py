@@ -64,34 +64,136 @@ class DenseData:
     write: Callable[[Tensor], None]
 
 
+Segment = Tuple[int, int, int]  # (offset, numel, row size) of a part of a flat tensor
+
+
+@dataclass(frozen=True)
+class Request:
+    """One all-reduce as asked: what goes down a call, unchanged (a node call's cross step is a
+    ``dataclasses.replace`` of it).
+
+    ``tensor``: what to sum, in place. ``scheme``: the scheme instance, None where ``name`` named none
+    (``allowed``: the names that would have been, for the error). ``block_size``: reduce a strided tensor as
+    rows of that many values; None chooses per call between elements and rows of the last dimension.
+    ``segments``: the parts of a flat tensor (a DDP bucket's parameters) as (offset, numel, row size), each
+    reduced as elements or as rows of its row size, chosen per call; they replace ``block_size``. ``keep``:
+    global top-k, where the scheme supports it: keep about that many of the largest sums (the indices kept
+    come back in :attr:`Outcome.kept`). ``value_dtype``: the dtype values travel in, for the schemes that
+    support it (sums are kept in the tensor's dtype where the scheme sums). ``hierarchy``: the call's
+    (setting, local_size) of :mod:`zen.hierarchy`, for the agreement's header (None: a call that is not one). ``checked``: where ``tensor`` is a part of a tensor (a
+    node call's shard), that tensor: the agreement checks it. ``scanned``: what
+    :func:`zen.schemes.call.scan_rows` would find in ``segments``, where the caller knows it already."""
+
+    tensor: object
+    scheme: Optional["Scheme"]
+    name: object = None
+    allowed: Tuple[str, ...] = ()
+    block_size: Optional[int] = None
+    segments: Optional[Tuple[Segment, ...]] = None
+    keep: Optional[int] = None
+    value_dtype: Optional[torch.dtype] = None
+    hierarchy: Optional[Tuple[str, Optional[int]]] = None
+    checked: Optional[Tensor] = None
+    scanned: object = None
+
+    def __post_init__(self):
+        if self.name is None:  # the scheme's own name
+            object.__setattr__(self, "name", getattr(self.scheme, "name", None))
+        if self.segments is not None:
+            object.__setattr__(self, "segments", tuple(self.segments))
+
+    @property
+    def agreed_tensor(self):
+        """The tensor the agreement checks: ``checked`` where given, else ``tensor``."""
+        return self.tensor if self.checked is None else self.checked
+
+
 @dataclass
-class Call:
-    """One collective call: the group, the agreement header, what names the call in errors (the tensor's
-    shape, the scheme's name), the block size b of its entries, and the statistics the scheme records.
+class Outcome:
+    """What one call did, up the call: the bytes this rank sent, the block size b its entries travelled in,
+    whether it was summed dense, the seconds of each phase (:meth:`Call.mark`), global top-k's kept indices,
+    auto's pick (:class:`zen.auto.Pick`), a node call's :class:`zen.hierarchy.node.NodeFigures`, and the
+    scheme's own figures (union, gamma, imbalance...: shown, never read back by zen). A call of several block
+    sizes holds each one's outcome in ``groups``. :meth:`as_stats` is what a caller's ``stats`` dict gets."""
 
-    ``dense``, where the caller gives it (:class:`DenseData`), is the data as one dense tensor: a scheme with
-    a dense switch may sum that instead of running its protocol (:meth:`all_reduce_dense`; then it returns no
-    pieces).
-
-    ``keep``, where the caller gives it (global top-k), asks a scheme that supports it to keep only about
-    that many of the largest sums; the scheme then records the indices kept in ``stats["kept"]``.
-    ``value_dtype``, where given, is the dtype values travel in, for the schemes that support it (sums are
-    kept in the tensor's dtype where the scheme sums; the dense all-reduce sums in it)."""
-
-    comm: Comm
-    header: List[int]
-    shape: tuple = ()
-    scheme_name: str = ""
+    bytes_sent: int = 0
     block_size: int = 1
-    dense: Optional[DenseData] = None
-    stats: dict = field(default_factory=dict)
-    agreed: bool = False
+    dense: bool = False
+    phases: Dict[str, float] = field(default_factory=dict)
+    kept: Optional[Tensor] = None
+    pick: object = None
+    hierarchy: Optional[str] = None
+    node: object = None
+    choice_changed: bool = False
+    figures: Dict[str, object] = field(default_factory=dict)
+    groups: List["Outcome"] = field(default_factory=list)
+
+    def as_stats(self) -> dict:
+        """The outcome as the ``stats`` dict of ``zen.all_reduce``: the figures, then bytes_sent, block_size,
+        dense, phases, and where they apply "auto", "hierarchy", the node figures and "groups"."""
+        stats = dict(self.figures, bytes_sent=self.bytes_sent, phases=self.phases)
+        if self.groups:
+            stats["groups"] = [{k: v for k, v in g.as_stats().items() if k != "phases"} for g in self.groups]
+        else:
+            stats["block_size"] = self.block_size
+        stats["dense"] = self.dense
+        if self.choice_changed:
+            stats["choice_changed"] = True
+        if self.pick is not None:
+            stats["auto"] = self.pick.as_stats()
+        if self.node is not None:
+            stats.update(self.node.as_stats())
+        if self.hierarchy is not None:
+            stats["hierarchy"] = self.hierarchy
+        return stats
+
+
+@dataclass
+class _AgreementState:
+    """Where a call stands with its agreement: ``done`` (later exchanges are plain all-gathers), whether the
+    next call's plan is still to be filed, and a block-size choice's counts to carry in front, with what to do
+    on their sums over the ranks."""
+
+    done: bool = False
     plan_open: bool = False
     choice_counts: Optional[List[int]] = None
     on_choice: Optional[Callable[[List[int]], None]] = None
-    keep: Optional[int] = None
-    value_dtype: Optional[torch.dtype] = None
+
+
+@dataclass
+class Call:
+    """One collective call on ``comm``, as ``request`` asks: the agreement header, the block size b of its
+    entries, and its :class:`Outcome` (what the scheme records as it runs).
+
+    ``dense``, where the caller gives it (:class:`DenseData`), is the data as one dense tensor: a scheme with
+    a dense switch may sum that instead of running its protocol (:meth:`all_reduce_dense`; then it returns no
+    pieces). ``keep`` and ``value_dtype`` are the request's (:class:`Request`)."""
+
+    comm: Comm
+    request: Request
+    header: List[int]
+    block_size: int = 1
+    dense: Optional[DenseData] = None
+    outcome: Outcome = field(default_factory=Outcome)
+    agreement: "_AgreementState" = field(default_factory=lambda: _AgreementState())
     _last_mark: float = field(default_factory=time.perf_counter)
+
+    @property
+    def keep(self) -> Optional[int]:
+        return self.request.keep
+
+    @property
+    def value_dtype(self) -> Optional[torch.dtype]:
+        return self.request.value_dtype
+
+    @property
+    def scheme_name(self) -> str:
+        return str(self.request.name)
+
+    @property
+    def shape(self) -> tuple:
+        tensor = self.request.agreed_tensor
+        return tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
 
     def agree(self, extra: List[int]) -> Tensor:
         """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank. Where
@@ -105,15 +207,16 @@ class Call:
         firsts[q], the first S[q][me] bytes of rank q's payload for this rank; once agreed, S is all zeros
         (nothing rode along). The scheme files the next call's plan with :meth:`file_plan`."""
         n = self.comm.world
-        if self.agreed:
+        state = self.agreement
+        if state.done:
             empty = torch.empty(0, dtype=torch.uint8, device=self.comm.device)
             return self.comm.all_gather_rows(extra), [empty] * n, [[0] * n for _ in range(n)]
-        self.agreed = self.plan_open = True
-        counts, self.choice_counts = self.choice_counts or [], None
+        state.done = state.plan_open = True
+        counts, state.choice_counts = state.choice_counts or [], None
         rows, firsts, slots = agreement.agree_and_carry(self.comm, self.header, counts + list(extra), payloads,
                                                         shape=self.shape, scheme_name=self.scheme_name)
         if counts:
-            self.on_choice(rows[:, :len(counts)].sum(dim=0).tolist())
+            state.on_choice(rows[:, :len(counts)].sum(dim=0).tolist())
         return rows[:, len(counts):], firsts, slots
 
     def all_reduce_dense(self) -> None:
@@ -126,33 +229,33 @@ class Call:
         """(S, label) of the plan this call's agreement will use (:func:`zen.agreement.planned`); nothing
         rides along once agreed."""
         n = self.comm.world
-        return ([[0] * n for _ in range(n)], None) if self.agreed else agreement.planned(self.comm)
+        return ([[0] * n for _ in range(n)], None) if self.agreement.done else agreement.planned(self.comm)
 
     def file_plan(self, slots: List[List[int]], label=None) -> None:
         """The slots (bytes, S[p][j]) that the next call after this call's predecessor will carry payloads
         in, and what they are to hold (:func:`zen.agreement.file_plan`); the first filing of the call counts
         (a call that reduces several groups of segments carries the first group's payloads in the agreement)."""
-        if self.plan_open:
-            self.plan_open = False
+        if self.agreement.plan_open:
+            self.agreement.plan_open = False
             agreement.file_plan(self.comm, slots, label)
 
     @property
     def choosing(self) -> bool:
         """Whether this call's agreement carries the counts of a block-size choice."""
-        return self.choice_counts is not None
+        return self.agreement.choice_counts is not None
 
     def phase(self, name: str, scheme: Optional[str] = None) -> _Phase:
         """``with call.phase("push", self.name): ...``: the block is the phase ``name`` of ``scheme`` (default:
         the call's scheme name): it runs under the profiler's range ``zen::<scheme>::<name>``
         (:func:`phase_range`), and its seconds, with those since the previous mark, go to
-        stats["phases"][name] (:meth:`mark`)."""
+        the outcome's phases (:meth:`mark`)."""
         return _Phase(self, name, scheme or self.scheme_name)
 
     def mark(self, phase: str) -> None:
-        """Charge the time since the previous mark (or the call's start) to ``phase`` in stats["phases"]
+        """Charge the time since the previous mark (or the call's start) to ``phase`` in the outcome's phases
         (seconds; where a call's time goes, for the benchmarks' breakdowns)."""
         now = time.perf_counter()
-        phases = self.stats.setdefault("phases", {})
+        phases = self.outcome.phases
         phases[phase] = phases.get(phase, 0.0) + now - self._last_mark
         self._last_mark = now
 

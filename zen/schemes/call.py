@@ -15,77 +15,53 @@ from .. import agreement, ops, wire
 from ..agreement import MismatchError, Problem
 from ..geometry import rows_are_smaller, rows_to_sparse, sparse_rows
 from ..transport import Comm
-from .base import Call, DenseData
+from .base import Call, DenseData, Outcome, Request, Segment
 
-Segment = Tuple[int, int, int]  # (offset, numel, row size) of a part of a flat tensor
+def run_call(comm: Comm, request: Request) -> Outcome:
+    """Run one all-reduce (:class:`Request`) on the calling thread (which must be the group's lane), in place
+    in ``request.tensor``; returns its :class:`Outcome`.
 
-
-def run_call(comm: Comm, tensor: torch.Tensor, scheme, scheme_name: Optional[str] = None,
-             stats: Optional[dict] = None, allowed: Sequence[str] = (), block_size: Optional[int] = None,
-             segments: Optional[Sequence[Segment]] = None, keep: Optional[int] = None,
-             value_dtype: Optional[torch.dtype] = None, whole: Optional[torch.Tensor] = None, scanned=None,
-             hierarchy: Optional[tuple] = None):
-    """Run one all-reduce on the calling thread (which must be the group's lane). In place; returns tensor.
-
-    ``scheme``: a scheme instance, or None when ``scheme_name`` named no scheme (``allowed``: the names that
-    would have been, for the error). ``block_size``: reduce a strided tensor as rows of that many values;
-    None chooses per call between elements and rows of the last dimension (:func:`choose_rows`).
-    ``segments``: the parts of a flat tensor (e.g. a DDP bucket's parameters) as (offset, numel, row size),
-    each reduced as elements or as rows of its row size, chosen per call; they replace ``block_size``.
-    ``keep``: global top-k, where the scheme supports it (:attr:`Call.keep`); the indices that reached the
-    sum are then in ``stats["kept"]`` (absent where every entry did). ``value_dtype``: the dtype values
-    travel in (:attr:`Call.value_dtype`; the caller checks that the scheme supports it). ``whole``: where
-    ``tensor`` is a part of a tensor (a hierarchical call's shard), that tensor: the agreement checks it.
-    ``scanned``: what :func:`scan_rows` would find in ``segments``, where the caller knows it already.
-    ``hierarchy``: (setting, local_size) of a :mod:`zen.hierarchy` call, for the agreement's header.
     A sparse COO tensor travels as rows of its dense dims. Errors: bad input -> :class:`MismatchError` on
     every rank; a failure part-way -> the error here, and :class:`zen.BrokenGroupError` for every later
     call on the group."""
     comm.check_usable()
-    header, detail, shape, scheme_name = call_header(comm, tensor if whole is None else whole, scheme, scheme_name,
-                                                     allowed, block_size, hierarchy, value_dtype, keep)
+    header, detail = call_header(comm, request)
+    call = Call(comm, request, header)
     if detail:
-        agreement.report(comm, header, detail, shape=shape, scheme_name=scheme_name)
+        agreement.report(comm, header, detail, shape=call.shape, scheme_name=call.scheme_name)
     if comm.world == 1:
-        return tensor
-    call = Call(comm, header, shape, scheme_name, keep=keep, value_dtype=value_dtype)
+        return call.outcome
     agreements = comm.agreements
     try:
         with torch.no_grad():
-            _reduce(call, scheme, tensor, block_size, segments, scanned)
+            _reduce(call, request)
     except MismatchError:
         raise  # raised by the agreement, alike on every rank: the group is still in step
     except Exception as error:
         if comm.agreements == agreements:
             # Failed before the first exchange (the other ranks wait in it): tell them, so all raise alike.
             header[-1] = Problem.FAILED_BEFORE_EXCHANGE
-            agreement.report(comm, header, f"{type(error).__name__}: {error}", error, shape, scheme_name)
+            agreement.report(comm, header, f"{type(error).__name__}: {error}", error, call.shape, call.scheme_name)
         comm.fail(error)
         raise
     except BaseException as error:  # noqa: B036  (KeyboardInterrupt part-way: the protocol is cut)
         comm.fail(error)
         raise
-    comm.last_stats = call.stats
-    if stats is not None:
-        stats.update(call.stats)
-    return tensor
+    return call.outcome
 
 
-def call_header(comm: Comm, tensor, scheme, scheme_name, allowed, block_size, hierarchy=None, value_dtype=None,
-                keep=None) -> tuple:
-    """(header, detail, shape, scheme name) of a call on ``tensor``, as its agreement takes them
-    (:func:`zen.agreement.inspect_call`; ``scheme_name`` None: the scheme's own name)."""
-    if scheme_name is None:
-        scheme_name = getattr(scheme, "name", None)
+def call_header(comm: Comm, request: Request) -> Tuple[List[int], str]:
+    """(header, detail) of ``request``'s call, as its agreement takes them (:func:`zen.agreement.inspect_call`
+    on the tensor it checks)."""
+    scheme = request.scheme
     settings = scheme.agreement_settings() if scheme is not None else None
-    header, detail = agreement.inspect_call(tensor, scheme_name, scheme is not None, settings, comm.backend,
-                                            allowed, block_size, hierarchy, value_dtype, keep)
-    shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
-    # str after inspect_call, whose detail names a non-string scheme by its repr
-    return header, detail, shape, str(scheme_name)
+    return agreement.inspect_call(request.agreed_tensor, request.name, scheme is not None, settings, comm.backend,
+                                  request.allowed, request.block_size, request.hierarchy, request.value_dtype,
+                                  request.keep)
 
 
-def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int], segments, scanned=None) -> None:
+def _reduce(call: Call, request: Request) -> None:
+    tensor, scheme, block_size, segments = request.tensor, request.scheme, request.block_size, request.segments
     if tensor.numel() == 0:
         call.agree([])  # nothing to sum; the agreement still checks that every rank has nothing
     elif tensor.layout == torch.sparse_coo:
@@ -95,7 +71,7 @@ def _reduce(call: Call, scheme, tensor: torch.Tensor, block_size: Optional[int],
         if segments is None:
             row = block_size or (tensor.shape[-1] if tensor.dim() > 1 else 1)
             segments = [(0, flat.numel(), row)]
-        reduce_segments(call, scheme, flat, segments, chosen=block_size is None, scanned=scanned)
+        reduce_segments(call, scheme, flat, segments, chosen=block_size is None, scanned=request.scanned)
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))
 
@@ -172,7 +148,7 @@ def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[S
             call.block_size = segments[0][2]
             offset, numel, _ = segments[0]
             scheme.reduce_dense(call, flat[offset:offset + numel])
-            call.stats["block_size"] = call.block_size
+            call.outcome.block_size = call.block_size
             return
         _reduce_groups(call, scheme, flat, segments, [row for _, _, row in segments], None)
         return
@@ -188,12 +164,12 @@ def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[S
         if agreed[0] != expected:
             raise _ChoiceChanged()
 
-    call.choice_counts, call.on_choice = counts, on_choice
+    call.agreement.choice_counts, call.agreement.on_choice = counts, on_choice
     try:
         _reduce_groups(call, scheme, flat, segments, expected, extracted)
     except _ChoiceChanged:
         _reduce_groups(call, scheme, flat, segments, agreed[0], extracted)
-        call.stats["choice_changed"] = True
+        call.outcome.choice_changed = True
 
 
 def _reduce_groups(call: Call, scheme, flat: torch.Tensor, segments, blocks, extracted) -> None:
@@ -201,10 +177,11 @@ def _reduce_groups(call: Call, scheme, flat: torch.Tensor, segments, blocks, ext
     groups = {}
     for i, (segment, b) in enumerate(zip(segments, blocks)):
         groups.setdefault(b, []).append((segment, extracted[i] if extracted else None))
+    phases = call.outcome.phases  # one clock over the groups: their phases add up
     per_group = []
     for b in sorted(groups):
         call.block_size = b
-        call.stats = {"phases": call.stats.get("phases", {})}
+        call.outcome = Outcome(block_size=b, phases=phases)
         with call.phase("scan"):
             parts = [(segment, segment_entries(flat, segment, b, found)) for segment, found in groups[b]]
         if len(parts) == 1:
@@ -212,8 +189,8 @@ def _reduce_groups(call: Call, scheme, flat: torch.Tensor, segments, blocks, ext
             scheme.reduce_extracted(call, flat[offset:offset + numel], indices, values)
         else:
             _reduce_parts(call, scheme, flat, parts, b)
-        per_group.append(dict(call.stats, block_size=b))
-    call.stats = _combined(per_group)
+        per_group.append(call.outcome)
+    call.outcome = _combined(per_group)
 
 
 def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None:
@@ -257,15 +234,14 @@ def _write_parts(views, bases, parts, pieces, went_dense) -> None:
             ops.scatter_(view, part_idx - base, part_val)
 
 
-def _combined(per_group: List[dict]) -> dict:
-    """One call's statistics from its groups': the group's own when one, else the bytes summed and each
-    group's under "groups"."""
+def _combined(per_group: List[Outcome]) -> Outcome:
+    """One call's outcome from its groups': the group's own when one, else the bytes summed, dense where every
+    group was, and each group's outcome in ``groups`` (global top-k is one group: its tensor travels as
+    elements)."""
     if len(per_group) == 1:
         return per_group[0]
-    phases = per_group[-1].get("phases", {})
-    groups = [{k: v for k, v in g.items() if k != "phases"} for g in per_group]
-    return dict(phases=phases, groups=groups, bytes_sent=sum(g.get("bytes_sent", 0) for g in groups),
-                dense=all(g.get("dense", False) for g in groups))
+    return Outcome(bytes_sent=sum(g.bytes_sent for g in per_group), dense=all(g.dense for g in per_group),
+                   phases=per_group[-1].phases, groups=per_group)
 
 
 def reduce_sparse_coo(call: Call, scheme, tensor: torch.Tensor) -> None:
@@ -276,7 +252,7 @@ def reduce_sparse_coo(call: Call, scheme, tensor: torch.Tensor) -> None:
     rows, values = sparse_rows(t)
     call.block_size = wire.row_width(values)
     pieces = scheme.reduce_coo(call, rows, values, math.prod(t.shape[:t.sparse_dim()]))
-    call.stats["block_size"] = call.block_size
+    call.outcome.block_size = call.block_size
     if pieces:
         rows, values = _joined(pieces)
         order = torch.argsort(rows)

@@ -16,7 +16,7 @@ class Dense(Scheme):
         with phase_range(self.name, "all_reduce"):
             call.comm.all_reduce(flat, call.value_dtype)
         n = call.comm.world
-        call.stats["bytes_sent"] = 2 * (n - 1) * flat.numel() * (call.value_dtype or flat.dtype).itemsize // n
+        call.outcome.bytes_sent = 2 * (n - 1) * flat.numel() * (call.value_dtype or flat.dtype).itemsize // n
 
     def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
         self.reduce_dense(call, flat)  # the non-zeros are not needed: the tensor itself is sent

@@ -110,11 +110,11 @@ class OmniReduce(Scheme):
 
         with call.phase("agree", self.name):
             counts = call.agree([cuts[w + 1] - cuts[w] for w in range(n)]).tolist()
-            call.stats.update(blocks=[sum(row) for row in counts],
-                              imbalance=max(sum(row[w] for row in counts) for w in range(n)) * n
-                              / max(1, sum(map(sum, counts))))
+            call.outcome.figures.update(blocks=[sum(row) for row in counts],
+                                        imbalance=max(sum(row[w] for row in counts) for w in range(n)) * n
+                                        / max(1, sum(map(sum, counts))))
         if sum(map(sum, counts)) == 0:
-            call.stats.update(union_blocks=0, bytes_sent=0)
+            call.outcome.figures["union_blocks"] = 0
             return []
 
         # push: piece w = my non-zero blocks in owner w's range.
@@ -151,8 +151,8 @@ class OmniReduce(Scheme):
             pull_splits = [wire.blocks_bytes(c, ranges[w], bs, sv) for w, c in enumerate(union_counts)]
             pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=device)
             comm.all_gather_bytes(pulled, payload, pull_splits)
-        call.stats.update(union_blocks=sum(union_counts),
-                          bytes_sent=sum(send_splits) - send_splits[me] + (n - 1) * payload.numel())
+        call.outcome.figures["union_blocks"] = sum(union_counts)
+        call.outcome.bytes_sent = sum(send_splits) - send_splits[me] + (n - 1) * payload.numel()
         out = []
         for w, buf in enumerate(wire.split(pulled, pull_splits)):
             if union_counts[w]:

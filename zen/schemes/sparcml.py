@@ -97,7 +97,7 @@ class SparCML(Scheme):
                 indices, values = ops.aggregate(indices, values, numel)  # ascending, as the merges keep it
         with call.phase("agree", self.name):
             nnz = call.agree([indices.numel()])[:, 0].tolist()
-        call.stats.update(nnz=nnz)
+        call.outcome.figures["nnz"] = nnz
 
         def as_sum(idx, val):
             if self._is_dense(idx.numel(), numel, si, sv):
@@ -174,10 +174,10 @@ class SparCML(Scheme):
                     running = merge(running, theirs) if me < peer else merge(theirs, running)
             if folded:
                 step(me + p, running, send_header=True, known=False)
-        call.stats.update(dense=running.dense is not None, bytes_sent=sent[0])
+        call.outcome.dense, call.outcome.bytes_sent = running.dense is not None, sent[0]
         if running.dense is None:  # a dense sum has lost the union's size
             mean_nnz = sum(nnz) / n
-            call.stats.update(union=running.count, gamma=running.count / mean_nnz if mean_nnz else 0.0)
+            call.outcome.figures.update(union=running.count, gamma=running.count / mean_nnz if mean_nnz else 0.0)
         return running
 
     # --- cost model ----------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ class Push:
         return [self.pieces[me] if q == me else wire.join_slotted(first, rest, self.sizes[q][me])
                 for q, (first, rest) in enumerate(zip(self.arrived, rests))]
 
-    def stats(self, me: int) -> dict:
+    def figures(self, me: int) -> dict:
         """The pieces that outgrew their slots (all ranks'), and this rank's bytes of padding in its slots."""
         return dict(push_overflow=sum(1 for row in self.overflow for x in row if x),
                     push_padding=sum(max(0, slot - size) for slot, size in zip(self.planned[me], self.sizes[me])))

@@ -124,13 +124,15 @@ class BalancedParallelism(Scheme):
         in_slots = sum(planned[me])
         nnz = counts.sum(1).tolist()
         loads = counts.sum(0).tolist()  # R_j, the pairs server j receives
-        call.stats.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)), partition_fallback=fallback)
+        call.outcome.figures.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
+                                    partition_fallback=fallback)
         if self.dense_switch and call.dense is not None and cost.go_dense(nnz, numel, n, si, sv, gamma,
                                                                           self.dense_threshold):
             with phase_range(self.name, "dense"):  # a range only: its seconds go to the next phase, as before
                 push.sum_dense(call, whole, arrived, numel * sv)
-            call.stats.update(dense=True, whole_in_agreement=whole is not None,
-                              bytes_sent=in_slots if whole is not None else terms.dense_bytes(numel, n, sv))
+            call.outcome.dense = True
+            call.outcome.bytes_sent = in_slots if whole is not None else terms.dense_bytes(numel, n, sv)
+            call.outcome.figures["whole_in_agreement"] = whole is not None
             return []
 
         # 3. push: what outgrew its slot.
@@ -158,16 +160,16 @@ class BalancedParallelism(Scheme):
         mean_nnz = sum(nnz) / n
         if mean_nnz > 0:
             self.history[key] = (union / mean_nnz, [c / r if r else 1.0 for (c, _), r in zip(pulled.headers, loads)])
-        call.stats.update(union=union, gamma=union / mean_nnz if mean_nnz else 0.0, pull_format=fmt,
-                          pull_overflow=pulled.overflow, **sent.stats(me),
-                          bytes_sent=in_slots + sum(sent.overflow[me]) + pulled.sent)
+        call.outcome.bytes_sent = in_slots + sum(sent.overflow[me]) + pulled.sent
+        call.outcome.figures.update(union=union, gamma=union / mean_nnz if mean_nnz else 0.0, pull_format=fmt,
+                                    pull_overflow=pulled.overflow, **sent.figures(me))
         with call.phase("decode", self.name):
             out = []
             for j, (count, fmt_j) in enumerate(pulled.headers):
                 idx, val = pull.decode(comm, pulled.piece(j), j, count, fmt_j, numel, idx_dtype, on_wire, width)
                 out.append((idx, val.to(val_dtype)))
             if call.keep is not None:
-                call.stats["kept"] = torch.cat([idx for idx, _ in out])
+                call.outcome.kept = torch.cat([idx for idx, _ in out])
         return out
 
     @staticmethod
