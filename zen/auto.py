@@ -50,7 +50,8 @@ from .measurement.store import cached_profile, set_profile
 from .measurement.timing import trial_seconds
 from .measurement.workload import measure_now
 from .schemes import Call, Scheme, registered
-from .schemes.base import phase_range
+from .schemes.base import opens, phase_range
+from .schemes.steps import Agreed, Opening, Sum
 
 
 @dataclass
@@ -82,6 +83,24 @@ class Pick:
             if getattr(self, name) is not None:
                 stats[name] = getattr(self, name)
         return stats
+
+
+@dataclass
+class _Run:
+    """One call of auto from :meth:`Auto.open` to :meth:`Auto.finish`: its start, (entries, row width), the
+    entries, whether its data is a strided tensor and whether its agreement carries a block-size choice; the
+    pick (None while it measures) and the pick's opening; for a measuring call, its place in the window and
+    this rank's profile."""
+
+    start: float
+    key: tuple
+    entries: tuple
+    dense_input: bool
+    choosing: bool
+    name: Optional[str] = None
+    opened: Optional[Opening] = None
+    phase: int = 0
+    profile: object = None
 
 
 class _History:
@@ -133,38 +152,43 @@ class Auto(Scheme):
                 round(self.trial_margin * 1e6), self.probe)
 
     def reduce_dense(self, call: Call, flat):
-        """A call that measures scans ``flat`` for its non-zeros first; a trial or a settled call runs the
-        pick's own :meth:`reduce_dense` (for "dense": no scan at all)."""
-        start = time.perf_counter()
+        """A trial or a settled call runs the pick's own :meth:`reduce_dense` (for "dense": no scan at all); a
+        call that measures scans ``flat`` for its non-zeros first (:meth:`open`, :meth:`finish`)."""
         key = (flat.numel() // call.block_size, call.block_size)
-        found = []
-
-        def coo():
-            with call.phase("scan", self.name):
-                found.append(ops.nonzero_rows(flat, call.block_size))
-            return found[0] + (True,)
-
-        name = self._pick(call, key, coo)
-        if found:
-            self.schemes[name].reduce_extracted(call, flat, *found[0])
-        else:
-            self.schemes[name].reduce_dense(call, flat)
-        self._timed(call, key, name, start)
-
-    def reduce_extracted(self, call: Call, flat, indices, values):
+        if not self._past_measuring(self._history_of(call.comm, key)):
+            return super().reduce_dense(call, flat)
         start = time.perf_counter()
-        key = (flat.numel() // call.block_size, call.block_size)
-        name = self._pick(call, key, lambda: (indices, values, True))
-        self.schemes[name].reduce_extracted(call, flat, indices, values)
+        name = self._next(call, key)
+        self.schemes[name].reduce_dense(call, flat)
         self._timed(call, key, name, start)
 
-    def reduce_coo(self, call, indices, values, numel):
-        start = time.perf_counter()
-        key = (numel, wire.row_width(values))
-        name = self._pick(call, key, lambda: (indices, values, False))
-        pieces = self.schemes[name].reduce_coo(call, indices, values, numel)
-        self._timed(call, key, name, start)
-        return pieces
+    def open(self, call: Call, indices, values, numel) -> Opening:
+        """A trial or a settled call: the pick's own opening. A call that measures: [has a profile, k_r] in the
+        agreement (where some rank has no profile, trials decide)."""
+        run = _Run(time.perf_counter(), (numel, wire.row_width(values)), (indices, values, numel),
+                   dense_input=call.dense is not None, choosing=call.choosing)
+        history = self._history_of(call.comm, run.key)
+        run.phase = history.calls % self.recheck
+        if self._past_measuring(history):
+            run.name = self._next(call, run.key)
+            if opens(type(self.schemes[run.name])):
+                run.opened = self.schemes[run.name].open(call, indices, values, numel)
+                return Opening(run.opened.numbers, run.opened.payloads, run)
+            return Opening([], state=run)  # a scheme that agrees inside its reduce_coo: a plain all-gather
+        history.calls += 1
+        run.profile = self.profile or cached_profile(call.comm.user_group)
+        return Opening([1 if run.profile is not None else 0, indices.numel()], state=run)
+
+    def finish(self, call: Call, opening: Opening, agreed: Agreed) -> Sum:
+        run = opening.state
+        if run.name is None:
+            run.name = self._measured(call, run, agreed.numbers)
+        if run.opened is not None:
+            summed = self.schemes[run.name].finish(call, run.opened, agreed)
+        else:  # the pick opens now: its numbers travel in a plain all-gather (the call has agreed)
+            summed = self.schemes[run.name].run(call, *run.entries)
+        self._timed(call, run.key, run.name, run.start)
+        return summed
 
     def choice(self, comm, numel: int, row_size: int = 1) -> Optional[str]:
         """The scheme picked for tensors of ``numel`` elements reduced as rows of ``row_size`` on ``comm``
@@ -188,58 +212,50 @@ class Auto(Scheme):
         phase = history.calls % self.recheck
         return (phase >= self.warmup or (history.by_trials and phase > 0)) and history.choice is not None
 
-    def _pick(self, call: Call, key, coo) -> str:
-        """The scheme for this call (``key``: its (entries, row width)): the model's pick on measuring calls,
-        the next trial, or the pick."""
-        comm = call.comm
-        numel, width = key
+    def _history_of(self, comm, key) -> "_History":
         with self._lock:
-            history = self._history.setdefault((comm, numel, width), _History())
-        phase = history.calls % self.recheck
-        past_measuring = self._past_measuring(history)
+            return self._history.setdefault((comm,) + key, _History())
+
+    def _next(self, call: Call, key) -> str:
+        """The scheme of a call past its window's measuring calls: the next trial, or the pick."""
+        history = self._history_of(call.comm, key)
         history.calls += 1
-        if past_measuring:
-            if history.trials:
-                name = history.trials.pop(0)
-                call.outcome.pick = Pick(name, trial=True)
-                return name
+        if history.trials:
+            call.outcome.pick = Pick(history.trials.pop(0), trial=True)
+        else:
             call.outcome.pick = Pick(history.choice)
-            return history.choice
-        measuring = time.perf_counter()
-        indices, values, dense_input = coo()
-        own = self.profile or cached_profile(comm.user_group)
+        return call.outcome.pick.choice
+
+    def _measured(self, call: Call, run: "_Run", rows) -> str:
+        """The pick of a measuring call, from the agreed ``rows`` ([has a profile, k_r] per rank): where a rank has
+        no profile (and ``probe`` is off), this window ranks by trials of every candidate; else the workload is
+        measured (:func:`zen.measurement.workload.measure_now`, whose first collective is this agreement) and
+        the model picks."""
+        comm, history = call.comm, self._history_of(call.comm, run.key)
+        indices, values, numel = run.entries
         history.by_trials = False
-
-        agreed = []
-
-        def agree(row):  # the call's agreement, of [has a profile, nnz]: where a rank has none, trials decide
-            rows = call.agree(row)
-            agreed.append(rows)
-            unprofiled = not self.probe and self.trials and any(r[0] == 0 for r in rows.tolist())
-            return None if unprofiled else rows  # None: the measurement stops after the agreement
-
-        with phase_range(self.name, "measure"):
-            measured = measure_now(comm, agree, indices, values, numel, dense_input, -(-self.block_size // width),
-                                   own, probe=lambda: probe_now(comm), row_choice=call.choosing)
-        if measured is None:  # some rank has no profile: this window ranks by trials
-            names = self._candidates(agreed[0][:, 1].tolist(), numel, values, dense_input)
+        if not self.probe and self.trials and any(r[0] == 0 for r in rows.tolist()):
+            names = self._candidates(rows[:, 1].tolist(), numel, values, run.dense_input)
             history.window, history.timings, history.by_trials, history.pruned = [], {}, True, False
             history.choice, history.trials = names[0], names[1:]
-            call.outcome.pick = Pick(names[0], trial=True, seconds_measuring=time.perf_counter() - measuring)
+            call.outcome.pick = Pick(names[0], trial=True, seconds_measuring=time.perf_counter() - run.start)
             return names[0]
-        workload, profile = measured
-        measuring = time.perf_counter() - measuring
-        if own is None:  # keep the agreed profile: the probe runs once per group
+        with phase_range(self.name, "measure"):
+            workload, profile = measure_now(comm, lambda _: rows, indices, values, numel, run.dense_input,
+                                            -(-self.block_size // run.key[1]), run.profile,
+                                            probe=lambda: probe_now(comm), row_choice=run.choosing)
+        measuring = time.perf_counter() - run.start
+        if run.profile is None:  # keep the agreed profile: the probe runs once per group
             set_profile(comm.user_group, profile)
         times = predict_times(workload, profile, {name: type(scheme) for name, scheme in self.schemes.items()})
-        if phase == 0:
+        if run.phase == 0:
             history.window = []
         history.window.append(times)
-        allowed = self._candidates(workload.nnz, numel, values, dense_input)
+        allowed = self._candidates(workload.nnz, numel, values, run.dense_input)
         mean = {name: sum(t[name] for t in history.window) / len(history.window) for name in allowed}
         history.choice = choose(mean)
         near = [name for name in sorted(mean, key=mean.get) if mean[name] <= self.trial_margin * mean[history.choice]]
-        history.trials = near * self.trials if len(near) > 1 and phase == self.warmup - 1 else []
+        history.trials = near * self.trials if len(near) > 1 and run.phase == self.warmup - 1 else []
         history.timings = {}
         call.outcome.pick = Pick(history.choice, measured=True, predicted=times, seconds_measuring=measuring)
         return history.choice

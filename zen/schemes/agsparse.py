@@ -21,26 +21,29 @@ import torch
 from .. import ops, wire
 from ..cost import Profile, Workload, terms
 from .base import Call, Scheme
+from .steps import Agreed, Opening, Sum, Union
 
 
 class AllGatherSparse(Scheme):
     name = "agsparse"
 
-    def reduce_coo(self, call: Call, indices, values, numel):
+    def open(self, call: Call, indices, values, numel) -> Opening:
+        """Step 1: this rank's count k_r, for the agreement."""
+        return Opening([indices.numel()], state=(indices.to(wire.index_dtype(numel)), values, numel))
+
+    def finish(self, call: Call, opening: Opening, agreed: Agreed) -> Sum:
         comm = call.comm
         n, me = comm.world, comm.rank
-        idx_dtype, val_dtype, width = wire.index_dtype(numel), values.dtype, wire.row_width(values)
-        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
-        indices = indices.to(idx_dtype)
-
-        with call.phase("agree", self.name):
-            nnz = call.agree([indices.numel()])[:, 0].tolist()
+        indices, values, numel = opening.state
+        idx_dtype, val_dtype, width = indices.dtype, values.dtype, wire.row_width(values)
+        si, sv = indices.element_size(), wire.entry_bytes(values)
+        nnz = agreed.numbers[:, 0].tolist()
         sizes = [wire.coo_bytes(k, si, sv) for k in nnz]
         call.outcome.bytes_sent = (n - 1) * sizes[me]
         call.outcome.figures["nnz"] = nnz
         if sum(sizes) == 0:
             call.outcome.figures.update(union=0, gamma=0.0)
-            return []
+            return Union()
 
         with call.phase("gather", self.name):
             payload = wire.pack_coo(indices, values)
@@ -55,7 +58,7 @@ class AllGatherSparse(Scheme):
                                                  numel)
         mean_nnz = sum(nnz) / n
         call.outcome.figures.update(union=union_idx.numel(), gamma=union_idx.numel() / mean_nnz if mean_nnz else 0.0)
-        return [(union_idx, union_val)]
+        return Union([(union_idx, union_val)])
 
     # --- cost model ----------------------------------------------------------------------------------
     @staticmethod

@@ -21,9 +21,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch.autograd import profiler as autograd_profiler
 
-from .. import agreement, ops
+from .. import agreement, ops, wire
 from ..cost import Profile, Workload
 from ..transport import Comm
+from .steps import Agreed, InPlace, Opening, Sum, Union
 
 Tensor = torch.Tensor
 _NO_RANGE = contextlib.nullcontext()
@@ -151,13 +152,12 @@ class Outcome:
 @dataclass
 class _AgreementState:
     """Where a call stands with its agreement: ``done`` (later exchanges are plain all-gathers), whether the
-    next call's plan is still to be filed, and a block-size choice's counts to carry in front, with what to do
-    on their sums over the ranks."""
+    next call's plan is still to be filed, and a block-size choice's counts to carry in front of the first
+    opening's numbers (:mod:`zen.schemes.call`)."""
 
     done: bool = False
     plan_open: bool = False
     choice_counts: Optional[List[int]] = None
-    on_choice: Optional[Callable[[List[int]], None]] = None
 
 
 @dataclass
@@ -196,28 +196,27 @@ class Call:
         return tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else ()
 
     def agree(self, extra: List[int]) -> Tensor:
-        """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank. Where
-        the caller chooses the block size, its ``choice_counts`` ride in front and ``on_choice`` gets their
-        sums over the ranks (and may raise, alike on every rank). Once agreed, a plain all-gather."""
-        return self.agree_and_carry(extra, None)[0]
+        """The call's agreement (:func:`zen.agreement.agree`): every rank's ``extra``, one row per rank; once
+        agreed, a plain all-gather. For a scheme that agrees inside its ``reduce_coo``."""
+        return self.agree_opening(Opening(list(extra))).numbers
 
-    def agree_and_carry(self, extra: List[int], payloads) -> Tuple[Tensor, List[Tensor], List[List[int]]]:
-        """:meth:`agree`, with the first bytes of ``payloads`` (this rank's bytes for each rank) in the
-        agreement's planned slots (:func:`zen.agreement.agree_and_carry`). Returns (extra columns, firsts, S):
-        firsts[q], the first S[q][me] bytes of rank q's payload for this rank; once agreed, S is all zeros
-        (nothing rode along). The scheme files the next call's plan with :meth:`file_plan`."""
+    def agree_opening(self, opening: Opening) -> Agreed:
+        """The call's agreement of ``opening`` (:func:`zen.agreement.agree_and_carry`): its numbers, and the
+        first bytes of its payloads in the agreement's planned slots, with a block-size choice's counts in front
+        where the call chooses (their sums in :attr:`Agreed.choice`). Once agreed, the numbers travel in a plain
+        all-gather and nothing rides along. The scheme files the next call's plan with :meth:`file_plan`."""
         n = self.comm.world
         state = self.agreement
         if state.done:
             empty = torch.empty(0, dtype=torch.uint8, device=self.comm.device)
-            return self.comm.all_gather_rows(extra), [empty] * n, [[0] * n for _ in range(n)]
+            return Agreed(self.comm.all_gather_rows(opening.numbers), [empty] * n, [[0] * n for _ in range(n)])
         state.done = state.plan_open = True
         counts, state.choice_counts = state.choice_counts or [], None
-        rows, firsts, slots = agreement.agree_and_carry(self.comm, self.header, counts + list(extra), payloads,
-                                                        shape=self.shape, scheme_name=self.scheme_name)
-        if counts:
-            state.on_choice(rows[:, :len(counts)].sum(dim=0).tolist())
-        return rows[:, len(counts):], firsts, slots
+        rows, arrived, slots = agreement.agree_and_carry(self.comm, self.header, counts + list(opening.numbers),
+                                                         opening.payloads, shape=self.shape,
+                                                         scheme_name=self.scheme_name)
+        choice = rows[:, :len(counts)].sum(dim=0).tolist() if counts else None
+        return Agreed(rows[:, len(counts):], arrived, slots, choice)
 
     def all_reduce_dense(self) -> None:
         """Sum the data dense with the backend's all-reduce (in ``value_dtype`` where given), in place."""
@@ -241,7 +240,7 @@ class Call:
 
     @property
     def choosing(self) -> bool:
-        """Whether this call's agreement carries the counts of a block-size choice."""
+        """Whether this call's agreement is to carry the counts of a block-size choice."""
         return self.agreement.choice_counts is not None
 
     def phase(self, name: str, scheme: Optional[str] = None) -> _Phase:
@@ -260,11 +259,19 @@ class Call:
         self._last_mark = now
 
 
+def opens(scheme_class: type) -> bool:
+    """Whether the scheme states what it needs agreed (overrides :meth:`Scheme.open` and :meth:`Scheme.finish`),
+    rather than agreeing inside its own ``reduce_coo``."""
+    return scheme_class.open is not Scheme.open
+
+
 class Scheme:
-    """The interface. A new scheme overrides :meth:`reduce_coo` (and :meth:`reduce_dense` where it has a
-    better path than extract, reduce, write back), ``phases`` or ``time``, and ``memory``; then
-    ``zen.register_scheme(name, cls)`` makes ``zen.all_reduce(scheme=name)``, ``zen.predict`` and ``auto``
-    use it."""
+    """The interface. A scheme runs in two steps around the call's agreement: :meth:`open` (local work, and
+    what the agreement is to carry), then :meth:`finish` (the protocol, given every rank's numbers); or, more
+    simply, it overrides :meth:`reduce_coo` and calls ``call.agree`` first in it. It may override
+    :meth:`reduce_dense` where it has a better path than extract, reduce, write back. It declares ``phases``
+    or ``time``, and ``memory``; then ``zen.register_scheme(name, cls)`` makes ``zen.all_reduce(scheme=name)``,
+    ``zen.predict`` and ``auto`` use it."""
 
     name = "?"
 
@@ -272,27 +279,52 @@ class Scheme:
         """The settings every rank must share because they decide the protocol; checked in the agreement."""
         return None
 
+    def open(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> Opening:
+        """Step 1, before any exchange, on the unique entries (indices ascending, values [k] or rows [k, b])
+        of [0, numel): this rank's local work, and what the call's agreement is to carry (:class:`Opening`)."""
+        raise NotImplementedError
+
+    def finish(self, call: Call, opening: Opening, agreed: Agreed) -> Sum:
+        """Step 2, after the agreement (every rank's numbers in ``agreed``): the protocol; returns the sum
+        (:mod:`zen.schemes.steps`). A scheme with a dense switch may sum ``call.dense`` itself (:class:`InPlace`)."""
+        raise NotImplementedError
+
+    def run(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> Sum:
+        """:meth:`open`, the call's agreement, :meth:`finish`; for a scheme that agrees inside its
+        :meth:`reduce_coo`, its union."""
+        if not opens(type(self)):
+            return Union(self.reduce_coo(call, indices, values, numel))
+        opening = self.open(call, indices, values, numel)
+        return self.finish(call, opening, call.agree_opening(opening))
+
     def reduce_dense(self, call: Call, flat: Tensor) -> None:
         """Sum ``flat`` (contiguous, 1-D, of M values, b = ``call.block_size`` dividing M) over the group,
-        in place. Default: extract the non-zero entries, reduce them as COO, write the union back. The union
-        holds every local non-zero, so positions outside it are zero already: no clearing pass is needed."""
+        in place. Default: extract the non-zero entries, reduce them, write the sum back
+        (:meth:`reduce_extracted`)."""
         with call.phase("scan", self.name):
             indices, values = ops.nonzero_rows(flat, call.block_size)
         self.reduce_extracted(call, flat, indices, values)
 
     def reduce_extracted(self, call: Call, flat: Tensor, indices: Tensor, values: Tensor) -> None:
         """:meth:`reduce_dense` once the non-zero entries of ``flat`` are extracted (indices ascending, values
-        [k] or rows [k, b]): reduce them as COO, write the union back."""
-        pieces = self.reduce_coo(call, indices, values, flat.numel() // call.block_size)
-        with call.phase("scatter", self.name):
-            ops.scatter_pieces_(flat, pieces)
+        [k] or rows [k, b]): :meth:`run` on them, with ``flat`` as the call's dense data, and the sum written
+        back."""
+        call.dense = DenseData(lambda: flat, lambda summed: summed is flat or flat.copy_(summed))
+        summed = self.run(call, indices, values, flat.numel() // call.block_size)
+        call.dense = None
+        if not summed.in_place:  # else the scheme wrote the sum into ``flat`` itself
+            with call.phase("scatter", self.name):
+                summed.write(flat, indices, values)
 
     def reduce_coo(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> List[Tuple[Tensor, Tensor]]:
         """Sum a sparse tensor given as unique (indices, values) over [0, numel) entries: values [k], or rows
         [k, b] (entry i is the row of b values at i). Returns the union as a list of (indices, values)
         pieces with disjoint indices and values shaped like the input's: every index that is non-zero on
-        any rank, also where the sum is zero (:meth:`reduce_dense` writes only the union back)."""
-        raise NotImplementedError
+        any rank, also where the sum is zero (:meth:`reduce_dense` writes only the union back). Default:
+        :meth:`run`'s sum as pieces."""
+        if not opens(type(self)):
+            raise NotImplementedError(f"{type(self).__name__} implements neither reduce_coo nor open and finish")
+        return self.run(call, indices, values, numel).pieces(wire.row_width(values))
 
     # --- the cost model's formulas (static: they describe the protocol, not one instance's state) -------
     @staticmethod

@@ -6,8 +6,10 @@ across ranks, an error a rank hits before the first exchange) travels in the agr
 the same :class:`zen.MismatchError` and the group stays usable. A failure after the agreement breaks the
 group on the rank that sees it (:class:`zen.BrokenGroupError` for every later call; :mod:`zen.transport`).
 """
+import dataclasses
 import math
-from typing import List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -15,7 +17,8 @@ from .. import agreement, ops, wire
 from ..agreement import MismatchError, Problem
 from ..geometry import rows_are_smaller, rows_to_sparse, sparse_rows
 from ..transport import Comm
-from .base import Call, DenseData, Outcome, Request, Segment
+from .base import Call, DenseData, Outcome, Request, Segment, opens
+from .steps import Agreed, Opening
 
 def run_call(comm: Comm, request: Request) -> Outcome:
     """Run one all-reduce (:class:`Request`) on the calling thread (which must be the group's lane), in place
@@ -130,19 +133,17 @@ def segment_entries(flat: torch.Tensor, segment: Segment, b: int, extracted) -> 
     return (ids.to(torch.int64)[at // row] * row + at % row).to(wire.index_dtype(numel)), values
 
 
-class _ChoiceChanged(Exception):
-    """Raised alike on every rank by the agreement when the agreed block sizes differ from the expected ones."""
-
-
 def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[Segment], chosen: bool,
                     scanned=None) -> None:
     """Sum the segments of ``flat`` in place, each as elements or rows (``chosen``: choose per call, else each
     as rows of its row size); segments of one block size are reduced together, by one run of the scheme.
 
-    The choice costs no round of its own: the scheme runs with the block sizes agreed on the previous call of
-    the same segments (rows, on the first), and this call's counts ride in its agreement. Where the agreed
-    choice differs (every rank sees it there), every rank starts the scheme over with it, once. ``scanned``:
-    :func:`scan_rows`'s result, where the caller has it."""
+    The choice costs no round of its own: the scheme opens its first group with the block sizes agreed on the
+    previous call of the same segments (rows, on the first), and this call's counts ride in front of its
+    numbers in the agreement. Where the agreed choice differs (every rank sees it there), every rank opens the
+    first group of the agreed choice instead, its numbers in a plain all-gather. A scheme that agrees inside
+    its own ``reduce_coo`` (:func:`zen.schemes.base.opens`) gets the choice in a round of its own.
+    ``scanned``: :func:`scan_rows`'s result, where the caller has it."""
     if not (chosen and any(row > 1 for _, _, row in segments)):
         if len(segments) == 1:  # nothing to choose: the scheme scans the tensor itself
             call.block_size = segments[0][2]
@@ -150,79 +151,136 @@ def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[S
             scheme.reduce_dense(call, flat[offset:offset + numel])
             call.outcome.block_size = call.block_size
             return
-        _reduce_groups(call, scheme, flat, segments, [row for _, _, row in segments], None)
+        _reduce_groups(call, scheme, _groups(call, flat, segments, [row for _, _, row in segments], None))
         return
     key = (tuple(segments), flat.dtype)
     expected = call.comm.row_choices.get(key, [row for _, _, row in segments])
     with call.phase("scan"):
         extracted, counts = scanned if scanned is not None else scan_rows(flat, segments)
-    agreed = []
+    if not opens(type(scheme)):
+        with call.phase("agree"):
+            blocks = decide_rows(call.agree(counts).sum(dim=0).tolist(), flat, segments)
+        call.comm.row_choices[key] = blocks
+        _reduce_groups(call, scheme, _groups(call, flat, segments, blocks, extracted))
+        return
+    groups = _groups(call, flat, segments, expected, extracted)
+    call.agreement.choice_counts = counts
+    opened = _open(call, scheme, groups[0])
+    blocks = decide_rows(opened[1].choice, flat, segments)
+    call.comm.row_choices[key] = blocks
+    if blocks != expected:
+        groups = _groups(call, flat, segments, blocks, extracted)
+        opened = _open(call, scheme, groups[0])
+    _reduce_groups(call, scheme, groups, opened)
+    call.outcome.choice_changed = blocks != expected
 
-    def on_choice(totals):
-        agreed.append(decide_rows(totals, flat, segments))
-        call.comm.row_choices[key] = agreed[0]
-        if agreed[0] != expected:
-            raise _ChoiceChanged()
 
-    call.agreement.choice_counts, call.agreement.on_choice = counts, on_choice
-    try:
-        _reduce_groups(call, scheme, flat, segments, expected, extracted)
-    except _ChoiceChanged:
-        _reduce_groups(call, scheme, flat, segments, agreed[0], extracted)
-        call.outcome.choice_changed = True
+@dataclass
+class _Group:
+    """The segments of one block size b, reduced by one run of the scheme: their entries one after the other as
+    one sparse tensor of ``numel`` entries, the data as one dense tensor (:class:`DenseData`), and the views
+    of ``flat`` they came from, with each one's first entry (``bases``)."""
+
+    b: int
+    views: List[torch.Tensor]
+    bases: List[int]
+    parts: list  # (indices, values) of each segment
+    indices: torch.Tensor
+    values: torch.Tensor
+    dense: DenseData
+    went_dense: List[bool] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        return self.bases[-1]
 
 
-def _reduce_groups(call: Call, scheme, flat: torch.Tensor, segments, blocks, extracted) -> None:
-    """The segments with block sizes ``blocks``, one run of the scheme per block size (ascending)."""
-    groups = {}
+def _groups(call: Call, flat: torch.Tensor, segments, blocks, extracted) -> List[_Group]:
+    """The segments with block sizes ``blocks`` as groups of one block size each, ascending; their entries
+    are what ``extracted`` holds, else a scan (the call's phase "scan")."""
+    with call.phase("scan"):
+        return _grouped(flat, segments, blocks, extracted)
+
+
+def _grouped(flat: torch.Tensor, segments, blocks, extracted) -> List[_Group]:
+    by_size = {}
     for i, (segment, b) in enumerate(zip(segments, blocks)):
-        groups.setdefault(b, []).append((segment, extracted[i] if extracted else None))
+        by_size.setdefault(b, []).append((segment, extracted[i] if extracted else None))
+    groups = []
+    for b in sorted(by_size):
+        views = [flat[offset:offset + numel] for (offset, numel, _), _ in by_size[b]]
+        parts = [segment_entries(flat, segment, b, found) for segment, found in by_size[b]]
+        bases = [0]
+        for view in views:
+            bases.append(bases[-1] + view.numel() // b)
+        if len(views) == 1:
+            (indices, values), view = parts[0], views[0]
+            dense = DenseData(lambda view=view: view, lambda summed, view=view: summed is view or view.copy_(summed))
+        else:
+            indices = torch.cat([idx.to(torch.int64) + base for (idx, _), base in zip(parts, bases)])
+            values = torch.cat([val for _, val in parts])
+            dense = DenseData(lambda views=views: torch.cat(views), None)
+        group = _Group(b, views, bases, parts, indices, values, dense)
+        if len(views) > 1:
+            group.dense.write = lambda summed, group=group: _write_dense(group, summed)
+        groups.append(group)
+    return groups
+
+
+def _write_dense(group: _Group, summed: torch.Tensor) -> None:
+    """A scheme's dense sum of a group of several segments, back into their views."""
+    group.went_dense.append(True)
+    for view, part in zip(group.views, summed.split([v.numel() for v in group.views])):
+        view.copy_(part)
+
+
+def _open(call: Call, scheme, group: _Group) -> Tuple[Opening, Agreed]:
+    """The scheme's opening of ``group`` (the call's block size set to its b) and its agreement."""
+    call.block_size = group.b
+    call.dense = group.dense
+    opening = scheme.open(call, group.indices, group.values, group.numel)
+    with call.phase("agree"):
+        agreed = call.agree_opening(opening)
+    return opening, agreed
+
+
+def _reduce_groups(call: Call, scheme, groups: List[_Group], opened=None) -> None:
+    """One run of the scheme per group (ascending b), the first one's opening and agreement ``opened`` where
+    the caller made them; each group's sum written back into its views."""
     phases = call.outcome.phases  # one clock over the groups: their phases add up
     per_group = []
-    for b in sorted(groups):
-        call.block_size = b
-        call.outcome = Outcome(block_size=b, phases=phases)
-        with call.phase("scan"):
-            parts = [(segment, segment_entries(flat, segment, b, found)) for segment, found in groups[b]]
-        if len(parts) == 1:
-            (offset, numel, _), (indices, values) = parts[0]
-            scheme.reduce_extracted(call, flat[offset:offset + numel], indices, values)
+    for i, group in enumerate(groups):
+        call.block_size, call.dense = group.b, group.dense
+        if not (i == 0 and opened):
+            call.outcome = Outcome(block_size=group.b, phases=phases)
+            summed = scheme.run(call, group.indices, group.values, group.numel)
         else:
-            _reduce_parts(call, scheme, flat, parts, b)
+            call.outcome = dataclasses.replace(call.outcome, block_size=group.b)
+            summed = scheme.finish(call, *opened)
+        call.dense = None
+        if not summed.in_place:  # else the scheme wrote the sum into the data itself
+            with call.phase("scatter"):
+                _write(group, summed)
         per_group.append(call.outcome)
     call.outcome = _combined(per_group)
 
 
-def _reduce_parts(call: Call, scheme, flat: torch.Tensor, parts, b: int) -> None:
-    """Segments of one block size b, with their extracted entries, as one sparse tensor: their entries one
-    after the other."""
-    views = [flat[offset:offset + numel] for (offset, numel, _), _ in parts]
-    bases = [0]
-    for view in views:
-        bases.append(bases[-1] + view.numel() // b)
-    indices = torch.cat([idx.to(torch.int64) + base for (_, (idx, _)), base in zip(parts, bases)])
-    values = torch.cat([val for _, (_, val) in parts])
-
-    went_dense = []
-
-    def write(summed):
-        went_dense.append(True)
-        for view, part in zip(views, summed.split([v.numel() for v in views])):
-            view.copy_(part)
-
-    call.dense = DenseData(lambda: torch.cat(views), write)
-    pieces = scheme.reduce_coo(call, indices, values, bases[-1])
-    call.dense = None
-    with call.phase("scatter"):
-        _write_parts(views, bases, parts, pieces, went_dense)
+def _write(group: _Group, summed) -> None:
+    """A group's sum into its views: one segment's by the sum's own rule; several segments' union split by
+    segment."""
+    if len(group.views) == 1:
+        summed.write(group.views[0], *group.parts[0])
+    else:
+        _write_parts(group, summed.pieces(group.b))
 
 
-def _write_parts(views, bases, parts, pieces, went_dense) -> None:
-    """:func:`_reduce_parts`'s write-back: the union ``pieces`` into the segments' ``views``."""
-    if not went_dense:
+def _write_parts(group: _Group, pieces) -> None:
+    """The union ``pieces`` of a group of several segments into their views."""
+    views, bases = group.views, group.bases
+    if not group.went_dense:
         # Clear the local entries first: a scheme whose union leaves out entries that summed to zero
         # (OmniReduce's blocks, a densified sum) must not leave this rank's values there.
-        for view, (_, (idx, val)) in zip(views, parts):
+        for view, (idx, val) in zip(views, group.parts):
             ops.scatter_(view, idx, torch.zeros_like(val))
     if pieces:
         idx, val = _joined(pieces)
@@ -251,8 +309,15 @@ def reduce_sparse_coo(call: Call, scheme, tensor: torch.Tensor) -> None:
     t = tensor.coalesce()
     rows, values = sparse_rows(t)
     call.block_size = wire.row_width(values)
-    pieces = scheme.reduce_coo(call, rows, values, math.prod(t.shape[:t.sparse_dim()]))
+    summed = scheme.run(call, rows, values, math.prod(t.shape[:t.sparse_dim()]))
     call.outcome.block_size = call.block_size
+    with call.phase("scatter"):
+        _write_sparse(tensor, t, summed.pieces(call.block_size))
+
+
+def _write_sparse(tensor: torch.Tensor, t: torch.Tensor, pieces) -> None:
+    """The union ``pieces`` of rows into the sparse ``tensor`` (``t``: it coalesced), coalesced."""
+    rows, values = sparse_rows(t)
     if pieces:
         rows, values = _joined(pieces)
         order = torch.argsort(rows)

@@ -4,6 +4,7 @@ import torch
 from .. import ops, wire
 from ..cost import Profile, Workload, terms
 from .base import Call, Scheme, phase_range
+from .steps import Agreed, DenseSum, InPlace, Opening, Sum
 
 
 class Dense(Scheme):
@@ -18,15 +19,24 @@ class Dense(Scheme):
         n = call.comm.world
         call.outcome.bytes_sent = 2 * (n - 1) * flat.numel() * (call.value_dtype or flat.dtype).itemsize // n
 
-    def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
-        self.reduce_dense(call, flat)  # the non-zeros are not needed: the tensor itself is sent
+    def open(self, call: Call, indices, values, numel) -> Opening:
+        return Opening([], state=(indices, values, numel))  # nothing to agree beyond the header
 
-    def reduce_coo(self, call, indices, values, numel):
+    def finish(self, call: Call, opening: Opening, agreed: Agreed) -> Sum:
+        """The data summed dense: the call's own where it has it, else the entries scattered into a dense tensor
+        first."""
+        indices, values, numel = opening.state
         width = wire.row_width(values)
-        dense = torch.zeros(numel * width, dtype=values.dtype, device=values.device)
-        ops.scatter_(dense, indices, values)
-        self.reduce_dense(call, dense)
-        return [ops.nonzero_rows(dense, width)]
+        n, size = call.comm.world, (call.value_dtype or values.dtype).itemsize
+        call.outcome.bytes_sent = 2 * (n - 1) * numel * width * size // n
+        with phase_range(self.name, "all_reduce"):
+            if call.dense is not None:  # the non-zeros are not needed: the tensor itself is sent
+                call.all_reduce_dense()
+                return InPlace()
+            dense = torch.zeros(numel * width, dtype=values.dtype, device=values.device)
+            ops.scatter_(dense, indices, values)
+            call.comm.all_reduce(dense, call.value_dtype)
+        return DenseSum(dense)
 
     # --- cost model ----------------------------------------------------------------------------------
     @staticmethod

@@ -18,6 +18,7 @@ the heaviest owner's load over the mean, the heaviest rank moves
 (n-1)/n * (lambda_push K + lambda_pull gamma_b K) * block_size * s_v bytes. Whole blocks travel, so a block
 with one non-zero element costs block_size values.
 """
+from dataclasses import dataclass
 from typing import Dict
 
 import torch
@@ -26,11 +27,36 @@ from .. import ops, wire
 from ..cost import Profile, Workload, terms
 from ..geometry import block_bounds
 from .base import Call, Scheme
+from .steps import Agreed, Opening, Sum
 
 
 def _blocks_piece(count: float, range_blocks: float, w: Workload) -> float:
     """A BLOCKS piece: bitmap over the owner's range + count whole blocks (empty when count is 0)."""
     return count * w.block_size * w.value_size + range_blocks / 8.0 if count > 0 else 0.0
+
+
+@dataclass
+class Blocks(Sum):
+    """OmniReduce's union: whole blocks of ``bs`` elements, (block ids, values [K, bs]) per owner, of a tensor of
+    ``numel`` entries of ``width`` values."""
+
+    parts: list
+    bs: int
+    width: int
+    numel: int
+
+    def write(self, flat, indices, values) -> None:
+        for ids, blocks in self.parts:  # whole blocks: entries that summed to zero too
+            scatter_blocks(flat, ids, blocks, self.bs)
+
+    def pieces(self, width: int):
+        """The blocks' non-zero entries (those that summed to zero are left out)."""
+        rows, out = self.bs // self.width, []
+        for ids, blocks in self.parts:
+            at, vals = ops.nonzero_rows(blocks.reshape(-1), self.width)
+            at = at.long()
+            out.append(((ids[at // rows] * rows + at % rows).to(wire.index_dtype(self.numel)), vals))
+        return out
 
 
 class OmniReduce(Scheme):
@@ -51,15 +77,18 @@ class OmniReduce(Scheme):
         return -(-self.block_size // width)
 
     def reduce_dense(self, call: Call, flat: torch.Tensor) -> None:
+        """The non-zero blocks found in ``flat`` directly (no entries extracted first), summed, written back."""
         bs = self.rows_per_block(call.block_size) * call.block_size
         with call.phase("scan", self.name):
             indices, _ = ops.nonzero(flat)
             ids = torch.unique_consecutive(indices.long() // bs)
             blocks = gather_blocks(flat, ids, bs)
-        pieces = self._sync(call, ids, blocks, flat.numel(), bs)
+        opening = self._open_blocks(call, ids, blocks, flat.numel(), call.block_size)
+        with call.phase("agree", self.name):
+            agreed = call.agree_opening(opening)
+        summed = self.finish(call, opening, agreed)
         with call.phase("scatter", self.name):
-            for union_ids, union_vals in pieces:
-                scatter_blocks(flat, union_ids, union_vals, bs)
+            summed.write(flat, None, None)
 
     def _blocks_of(self, indices, values):
         """(block ids, blocks [K, rows * width]) of unique entries: each block the fewest whole rows that hold
@@ -72,50 +101,37 @@ class OmniReduce(Scheme):
         blocks[inverse, idx % rows] = values.view(-1, width)
         return ids, blocks.view(-1, rows * width)
 
-    def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
+    def open(self, call: Call, indices, values, numel) -> Opening:
+        """Step 1: this rank's non-zero blocks, and their count in each owner's range for the agreement."""
         with call.phase("scan", self.name):
             ids, blocks = self._blocks_of(indices, values)
-        bs = blocks.shape[1]
-        pieces = self._sync(call, ids, blocks, flat.numel(), bs)
-        with call.phase("scatter", self.name):
-            for union_ids, union_vals in pieces:  # whole blocks: entries that summed to zero too
-                scatter_blocks(flat, union_ids, union_vals, bs)
-
-    def reduce_coo(self, call, indices, values, numel):
         width = wire.row_width(values)
-        with call.phase("scan", self.name):
-            ids, blocks = self._blocks_of(indices, values)
-        bs = blocks.shape[1]
-        rows = bs // width
-        pieces = self._sync(call, ids, blocks, numel * width, bs)
-        out = []
-        idx_dtype = wire.index_dtype(numel)
-        with call.phase("scatter", self.name):
-            for union_ids, union_vals in pieces:
-                at, vals = ops.nonzero_rows(union_vals.reshape(-1), width)
-                at = at.long()
-                out.append(((union_ids[at // rows] * rows + at % rows).to(idx_dtype), vals))
-        return out
+        return self._open_blocks(call, ids, blocks, numel * width, width)
+
+    def _open_blocks(self, call: Call, ids, blocks, numel: int, width: int) -> Opening:
+        """The opening of the non-zero blocks (``ids`` ascending int64, ``blocks`` [len(ids), bs]) of a tensor
+        of ``numel`` elements, in entries of ``width`` values."""
+        n = call.comm.world
+        bounds = block_bounds(numel, blocks.shape[1], n)
+        cuts = torch.searchsorted(ids, torch.tensor(bounds, dtype=ids.dtype, device=blocks.device)).tolist()
+        return Opening([cuts[w + 1] - cuts[w] for w in range(n)], state=(ids, blocks, numel, width, bounds, cuts))
 
     # ------------------------------------------------------------------------------------------------
-    def _sync(self, call: Call, ids, blocks, numel, bs):
-        """Sum the non-zero blocks of ``bs`` elements (``ids`` ascending int64, ``blocks`` [len(ids), bs]) of
-        a tensor of ``numel`` elements; returns the union as (block ids, block values) pieces, one per owner."""
+    def finish(self, call: Call, opening: Opening, agreed: Agreed) -> Sum:
+        """Push, sum and pull of the non-zero blocks of ``bs`` elements; the union as :class:`Blocks`, one piece
+        per owner."""
         comm = call.comm
         n, me = comm.world, comm.rank
-        device, val_dtype, sv = blocks.device, blocks.dtype, blocks.element_size()
-        bounds = block_bounds(numel, bs, n)
+        ids, blocks, numel, width, bounds, cuts = opening.state
+        device, val_dtype, sv, bs = blocks.device, blocks.dtype, blocks.element_size(), blocks.shape[1]
         ranges = [bounds[w + 1] - bounds[w] for w in range(n)]
-        cuts = torch.searchsorted(ids, torch.tensor(bounds, dtype=ids.dtype, device=device)).tolist()
-
-        with call.phase("agree", self.name):
-            counts = call.agree([cuts[w + 1] - cuts[w] for w in range(n)]).tolist()
-            call.outcome.figures.update(blocks=[sum(row) for row in counts],
-                                        imbalance=max(sum(row[w] for row in counts) for w in range(n)) * n
-                                        / max(1, sum(map(sum, counts))))
+        counts = agreed.numbers.tolist()
+        call.outcome.figures.update(blocks=[sum(row) for row in counts],
+                                    imbalance=max(sum(row[w] for row in counts) for w in range(n)) * n
+                                    / max(1, sum(map(sum, counts))))
         if sum(map(sum, counts)) == 0:
             call.outcome.figures["union_blocks"] = 0
-            return []
+            return Blocks([], bs, width, numel // width)
 
         # push: piece w = my non-zero blocks in owner w's range.
         with call.phase("push", self.name):
@@ -158,7 +174,7 @@ class OmniReduce(Scheme):
             if union_counts[w]:
                 bitmap, vals = wire.unpack_blocks(buf, union_counts[w], ranges[w], bs, val_dtype)
                 out.append((ops.bitmap_decode(bitmap, block_range[bounds[w]:bounds[w + 1]], union_counts[w]), vals))
-        return out
+        return Blocks(out, bs, width, numel // width)
 
     # --- cost model ----------------------------------------------------------------------------------
     @staticmethod

@@ -3,7 +3,7 @@ the calibration and ``auto``'s candidates all read it, so a scheme registered he
 import inspect
 from typing import Dict
 
-from .base import Scheme
+from .base import Scheme, opens
 
 _REGISTRY: Dict[str, type] = {}  # in registration order: the order of zen.SCHEMES and of predictions
 RESERVED = ("auto",)  # the policy's name (zen.auto), not a fixed scheme
@@ -16,9 +16,9 @@ def _overrides(cls: type, method: str) -> bool:
 def register_scheme(name: str, scheme_class: type) -> type:
     """Make ``scheme_class`` available as ``scheme=name`` everywhere (all_reduce, the hook, predict, auto's
     candidates). Every rank must register the same schemes. The class must derive from
-    :class:`zen.schemes.base.Scheme`, implement ``reduce_coo``, declare its formulas (``phases`` or
-    ``time``, and ``memory``), take no required constructor argument, and carry ``name`` (set here when the
-    class leaves the default). Registering the same class again is a no-op. Returns the class.
+    :class:`zen.schemes.base.Scheme`, implement ``reduce_coo`` (or ``open`` and ``finish``), declare its
+    formulas (``phases`` or ``time``, and ``memory``), take no required constructor argument, and carry
+    ``name`` (set here when the class leaves the default). Registering the same class again is a no-op. Returns the class.
 
     Example::
 
@@ -39,7 +39,8 @@ def register_scheme(name: str, scheme_class: type) -> type:
     if not (inspect.isclass(scheme_class) and issubclass(scheme_class, Scheme)):
         raise TypeError(f"register_scheme: {name!r} must be a subclass of zen.Scheme; got {scheme_class!r}")
     missing = [what for what, ok in (
-        ("reduce_coo", _overrides(scheme_class, "reduce_coo")),
+        ("reduce_coo, or open and finish", _overrides(scheme_class, "reduce_coo")
+         or (opens(scheme_class) and _overrides(scheme_class, "finish"))),
         ("phases or time (its time formula)", _overrides(scheme_class, "phases") or _overrides(scheme_class, "time")),
         ("memory (its memory formula)", _overrides(scheme_class, "memory"))) if not ok]
     if missing:

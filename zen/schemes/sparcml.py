@@ -24,9 +24,10 @@ from .. import ops, wire
 from ..cost import Profile, Workload, terms
 from ..geometry import doubling_plan
 from .base import Call, Scheme
+from .steps import Agreed, DenseSum, Opening, Sum, Union
 
 
-class _Sum:
+class _Running:
     """A running sum: COO (indices ascending, unique) or DENSE (``dense`` set)."""
 
     __slots__ = ("indices", "values", "dense")
@@ -65,74 +66,66 @@ class SparCML(Scheme):
         """The settings every rank must share (receivers infer formats from them); checked in the agreement."""
         return (self.dense_threshold,)
 
-    def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
-        result = self._sync(call, indices, values, flat.numel() // call.block_size)
-        with call.phase("scatter", self.name):
-            if result.dense is not None:
-                flat.copy_(result.dense)
-            else:
-                ops.scatter_(flat, result.indices, result.values)
-
-    def reduce_coo(self, call, indices, values, numel):
-        result = self._sync(call, indices, values, numel)
-        if result.dense is not None:
-            return [ops.nonzero_rows(result.dense, wire.row_width(values))]
-        return [(result.indices, result.values)]
-
     # ------------------------------------------------------------------------------------------------
     def _is_dense(self, count: int, numel: int, si: int, sv: int) -> bool:
         if self.dense_threshold is not None:
             return count > self.dense_threshold * numel
         return wire.coo_bytes(count, si, sv) > wire.dense_piece_bytes(numel, sv)
 
-    def _sync(self, call: Call, indices, values, numel) -> _Sum:
-        comm = call.comm
-        n, me = comm.world, comm.rank
-        idx_dtype, val_dtype, width = wire.index_dtype(numel), values.dtype, wire.row_width(values)
-        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
-        device = values.device
-        indices = indices.to(idx_dtype)
+    def open(self, call: Call, indices, values, numel) -> Opening:
+        """Step 1: the entries ascending (summed locally where they are not), and their count k_r for the
+        agreement."""
+        indices = indices.to(wire.index_dtype(numel))
         if indices.numel() and not bool((indices[1:] > indices[:-1]).all()):
             with call.phase("merge", self.name):
                 indices, values = ops.aggregate(indices, values, numel)  # ascending, as the merges keep it
-        with call.phase("agree", self.name):
-            nnz = call.agree([indices.numel()])[:, 0].tolist()
+        return Opening([indices.numel()], state=(indices, values, numel))
+
+    def finish(self, call: Call, opening: Opening, agreed: Agreed) -> Sum:
+        """Recursive doubling of the running sums (the module's docstring)."""
+        comm = call.comm
+        n, me = comm.world, comm.rank
+        indices, values, numel = opening.state
+        idx_dtype, val_dtype, width = indices.dtype, values.dtype, wire.row_width(values)
+        si, sv = indices.element_size(), wire.entry_bytes(values)
+        device = values.device
+        nnz = agreed.numbers[:, 0].tolist()
         call.outcome.figures["nnz"] = nnz
 
         def as_sum(idx, val):
             if self._is_dense(idx.numel(), numel, si, sv):
                 dense = torch.zeros(numel * width, dtype=val_dtype, device=device)
                 ops.scatter_(dense, idx, val)
-                return _Sum(dense=dense)
-            return _Sum(idx, val)
+                return _Running(dense=dense)
+            return _Running(idx, val)
 
-        def merge(lower: _Sum, higher: _Sum) -> _Sum:
+        def merge(lower: _Running, higher: _Running) -> _Running:
             """The sum of two running sums; a pure function of (lower, higher), so partners agree bit for bit."""
             if lower.dense is None and higher.dense is None:
                 return as_sum(*ops.aggregate(torch.cat([lower.indices, higher.indices]),
                                              torch.cat([lower.values, higher.values]), numel))
             if lower.dense is not None and higher.dense is not None:
-                return _Sum(dense=lower.dense + higher.dense)
+                return _Running(dense=lower.dense + higher.dense)
             dense, sparse = (lower, higher) if lower.dense is not None else (higher, lower)
             out = dense.dense.clone()
             out.view(numel, width).index_put_((sparse.indices.long(),), sparse.values.view(-1, width), accumulate=True)
-            return _Sum(dense=out)
+            return _Running(dense=out)
 
         def recv_buffer(count, fmt):
             size = wire.piece_bytes(fmt, count, numel, si, sv)
             return torch.empty(size, dtype=torch.uint8, device=device)
 
-        def unpack(buf, count, fmt) -> _Sum:
+        def unpack(buf, count, fmt) -> _Running:
             if fmt == wire.DENSE:
-                return _Sum(dense=wire.unpack_dense(buf, numel * width, val_dtype))
-            return _Sum(*wire.unpack_coo(buf, count, idx_dtype, val_dtype, width))
+                return _Running(dense=wire.unpack_dense(buf, numel * width, val_dtype))
+            return _Running(*wire.unpack_coo(buf, count, idx_dtype, val_dtype, width))
 
         def initial_format(rank):
             return wire.DENSE if self._is_dense(nnz[rank], numel, si, sv) else wire.COO
 
         sent = [0]
 
-        def step(peer, mine: Optional[_Sum], send_header: bool, known: Optional[Tuple[int, int]]) -> Optional[_Sum]:
+        def step(peer, mine: Optional[_Running], send_header: bool, known: Optional[Tuple[int, int]]) -> Optional[_Running]:
             """Send ``mine`` to ``peer`` (if given) and receive the peer's sum (unless ``known`` is False);
             ``known`` = (count, format) of the peer's message when this rank knows it, None when a header
             comes first."""
@@ -178,7 +171,9 @@ class SparCML(Scheme):
         if running.dense is None:  # a dense sum has lost the union's size
             mean_nnz = sum(nnz) / n
             call.outcome.figures.update(union=running.count, gamma=running.count / mean_nnz if mean_nnz else 0.0)
-        return running
+        if running.dense is not None:
+            return DenseSum(running.dense)
+        return Union([(running.indices, running.values)])
 
     # --- cost model ----------------------------------------------------------------------------------
     @staticmethod

@@ -22,6 +22,7 @@ tensor whole in its agreement's slots and every rank sums the n copies, so it to
 The bytes of each step and their cost are in :mod:`.cost`.
 """
 import math
+from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
@@ -29,7 +30,8 @@ import torch
 from ... import ops, wire
 from ...cost import terms
 from ...geometry import default_probes
-from ..base import Call, DenseData, Scheme, phase_range
+from ..base import Call, Scheme, phase_range
+from ..steps import Agreed, InPlace, Opening, Sum, Union
 from . import cost, pull, push
 
 
@@ -57,6 +59,31 @@ def _agreed(agreed: torch.Tensor, n: int):
     return agreed[:, :n], agreed[0, n].item() / 1e6, wire.unpack_fractions(agreed[0, n + 1:].tolist(), n)
 
 
+@dataclass(frozen=True)
+class _Format:
+    """How one call's entries travel: numel entries, index and value dtypes (values on the wire in ``on_wire``,
+    summed in ``val_dtype``), b values per entry (``width``), s_i and s_v bytes per index and per entry."""
+
+    numel: int
+    idx_dtype: torch.dtype
+    val_dtype: torch.dtype
+    on_wire: torch.dtype
+    width: int
+    si: int
+    sv: int
+
+
+@dataclass
+class _Opened:
+    """What step 1 leaves for the rest: the entries' format, this rank's pieces, the tensor where the slots hold
+    it whole, and the pairs that took the partition's exact fallback."""
+
+    entries: _Format
+    pieces: list
+    whole: Optional[torch.Tensor]
+    fallback: int
+
+
 class BalancedParallelism(Scheme):
     name = "zen"
     phases = staticmethod(cost.phases)
@@ -78,32 +105,21 @@ class BalancedParallelism(Scheme):
         # the expected unions that size the pull's rooms
         self.history = {}
 
-    def reduce_extracted(self, call: Call, flat: torch.Tensor, indices, values) -> None:
-        call.dense = DenseData(lambda: flat, lambda summed: summed is flat or flat.copy_(summed))
-        if call.keep is None:
-            return super().reduce_extracted(call, flat, indices, values)
-        pieces = self.reduce_coo(call, indices, values, flat.numel() // call.block_size)
-        with call.phase("scatter", self.name):
-            if pieces:  # the owners may have dropped some of this rank's entries: they are not in the sum
-                ops.scatter_(flat, indices, torch.zeros_like(values))
-                ops.scatter_pieces_(flat, pieces)
-
-    def reduce_coo(self, call, indices, values, numel):
-        return self._sync(call, indices, values, numel)
-
     def agreement_settings(self):
         """The settings every rank must share (they decide the protocol); checked in the agreement."""
         return (self.dense_switch, self.dense_threshold)
 
-    def _sync(self, call: Call, indices, values, numel):
+    def open(self, call: Call, indices, values, numel) -> Opening:
+        """Step 1 (partition); what step 2 agrees: the counts, gamma and the union fractions of the last call of
+        this shape (the dense switch's and the pull rooms' inputs), and the pieces (or the tensor whole) to ride
+        in the agreement's slots."""
         comm = call.comm
-        n, me = comm.world, comm.rank
+        n = comm.world
         idx_dtype, val_dtype, width = wire.index_dtype(numel), values.dtype, wire.row_width(values)
         # Values travel in call.value_dtype where given; the owners sum them in the tensor's own dtype.
-        on_wire = call.value_dtype or val_dtype
-        values = values.to(on_wire)
-        si, sv = torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values)
-        indices = indices.to(idx_dtype)
+        indices, values = indices.to(idx_dtype), values.to(call.value_dtype or val_dtype)
+        entries = _Format(numel, idx_dtype, val_dtype, values.dtype, width,
+                          torch.empty(0, dtype=idx_dtype).element_size(), wire.entry_bytes(values))
 
         # 1. partition: pieces[j] = this rank's pairs for server j.
         with call.phase("partition", self.name):
@@ -111,21 +127,25 @@ class BalancedParallelism(Scheme):
             pieces, counts, fallback = push.partition(indices, values, n, comm.seed, probes, self.table_factor,
                                                       self.serial_factor)
             whole = push.whole(call)  # the tensor, where the plan's slots are to hold it whole
+        last = self.history.get((n, numel, width), (float(n), [1.0] * n))
+        return Opening(_numbers(counts, *last), pieces if whole is None else [wire.pack_dense(whole)] * n,
+                       _Opened(entries, pieces, whole, fallback))
 
-        # 2. agree: counts[p][j] = pairs rank p sends to server j, with rank 0's gamma and union fractions of the
-        # last call of this shape (the dense switch's and the pull rooms' inputs, alike on every rank); the
-        # pieces' first bytes (or the tensor whole) ride in the slots.
-        with call.phase("agree", self.name):
-            key = (n, numel, width)
-            last = self.history.get(key, (float(n), [1.0] * n))
-            agreed, arrived, planned = call.agree_and_carry(
-                _numbers(counts, *last), pieces if whole is None else [wire.pack_dense(whole)] * n)
-            counts, gamma, fractions = _agreed(agreed, n)
+    def finish(self, call: Call, opening: Opening, agreed: Agreed) -> Sum:
+        """Steps 2 (what was agreed: counts[p][j] = pairs rank p sends to server j, and rank 0's gamma and
+        fractions, alike on every rank) to 5."""
+        comm = call.comm
+        n, me = comm.world, comm.rank
+        entries, pieces, whole = opening.state.entries, opening.state.pieces, opening.state.whole
+        numel, idx_dtype, on_wire, width, si, sv = (entries.numel, entries.idx_dtype, entries.on_wire, entries.width,
+                                                   entries.si, entries.sv)
+        counts, gamma, fractions = _agreed(agreed.numbers, n)
+        arrived, planned = agreed.arrived, agreed.slots
         in_slots = sum(planned[me])
         nnz = counts.sum(1).tolist()
         loads = counts.sum(0).tolist()  # R_j, the pairs server j receives
         call.outcome.figures.update(nnz=nnz, imbalance=max(loads) * n / max(1, sum(loads)),
-                                    partition_fallback=fallback)
+                                    partition_fallback=opening.state.fallback)
         if self.dense_switch and call.dense is not None and cost.go_dense(nnz, numel, n, si, sv, gamma,
                                                                           self.dense_threshold):
             with phase_range(self.name, "dense"):  # a range only: its seconds go to the next phase, as before
@@ -133,7 +153,7 @@ class BalancedParallelism(Scheme):
             call.outcome.dense = True
             call.outcome.bytes_sent = in_slots if whole is not None else terms.dense_bytes(numel, n, sv)
             call.outcome.figures["whole_in_agreement"] = whole is not None
-            return []
+            return InPlace()
 
         # 3. push: what outgrew its slot.
         with call.phase("push", self.name):
@@ -144,7 +164,7 @@ class BalancedParallelism(Scheme):
             received = [wire.unpack_coo(buf, c, idx_dtype, on_wire, width)
                         for c, buf in zip(counts[:, me].tolist(), sent.received(me))]
             union_idx, union_val = ops.aggregate(torch.cat([p[0] for p in received]),
-                                                 torch.cat([p[1] for p in received]).to(val_dtype), numel, n,
+                                                 torch.cat([p[1] for p in received]).to(entries.val_dtype), numel, n,
                                                  comm.seed, me)
             if call.keep is not None:
                 union_idx, union_val = self._keep_largest(union_idx, union_val, math.ceil(call.keep / n))
@@ -159,7 +179,8 @@ class BalancedParallelism(Scheme):
         union = sum(count for count, _ in pulled.headers)
         mean_nnz = sum(nnz) / n
         if mean_nnz > 0:
-            self.history[key] = (union / mean_nnz, [c / r if r else 1.0 for (c, _), r in zip(pulled.headers, loads)])
+            fractions = [c / r if r else 1.0 for (c, _), r in zip(pulled.headers, loads)]
+            self.history[(n, numel, width)] = (union / mean_nnz, fractions)
         call.outcome.bytes_sent = in_slots + sum(sent.overflow[me]) + pulled.sent
         call.outcome.figures.update(union=union, gamma=union / mean_nnz if mean_nnz else 0.0, pull_format=fmt,
                                     pull_overflow=pulled.overflow, **sent.figures(me))
@@ -167,10 +188,11 @@ class BalancedParallelism(Scheme):
             out = []
             for j, (count, fmt_j) in enumerate(pulled.headers):
                 idx, val = pull.decode(comm, pulled.piece(j), j, count, fmt_j, numel, idx_dtype, on_wire, width)
-                out.append((idx, val.to(val_dtype)))
+                out.append((idx, val.to(entries.val_dtype)))
             if call.keep is not None:
                 call.outcome.kept = torch.cat([idx for idx, _ in out])
-        return out
+        # global top-k: the owners may have dropped some of this rank's entries, which are not in the sum
+        return Union(out, covers_local=call.keep is None)
 
     @staticmethod
     def _keep_largest(union_idx, union_val, m: int):
