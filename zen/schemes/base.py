@@ -161,9 +161,11 @@ class Scheme:
     """The interface. A new scheme overrides :meth:`reduce_coo` (and :meth:`reduce_dense` where it has a
     better path than extract, reduce, write back), ``phases`` or ``time``, and ``memory``; then
     ``zen.register_scheme(name, cls)`` makes ``zen.all_reduce(scheme=name)``, ``zen.predict`` and ``auto``
-    use it."""
+    use it. ``statistics``: the :class:`zen.cost.Statistic` instances its formulas read beyond the Workload's
+    built-in counts (``w.statistic(name)``), measured wherever its workloads are."""
 
     name = "?"
+    statistics: tuple = ()
 
     def agreement_settings(self) -> Optional[tuple]:
         """The settings every rank must share because they decide the protocol; checked in the agreement."""
