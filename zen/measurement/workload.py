@@ -109,9 +109,8 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
     row = (levels + hash_union.tolist() + block_union.tolist() + hash_counts.tolist() + block_counts + declared
            + store.encode(profile if probe is not None else None, schemes))
     gathered = comm.all_gather_rows(row).tolist()
-    columns = [steps + 1 + i * n for i in range(5)]  # where each group of n columns starts
-    first = columns[4] + n  # the declared statistics' columns follow the groups
-    declared_values = combine_columns(statistics, [r[first:first + len(declared)] for r in gathered], n)
+    columns = [steps + 1 + i * n for i in range(5)]  # where each group of n columns starts; the last, their end
+    declared_values = combine_columns(statistics, [r[columns[4]:columns[4] + len(declared)] for r in gathered], n)
     hash_total, block_total = ([sum(r[c + j] for r in gathered) for j in range(n)] for c in columns[:2])
     doubling = [[gathered[g << s][s] for g in range(p >> s)] for s in range(steps + 1)]
     workload = Workload(numel=numel, n=n, nnz=[r[1] for r in rows], union=doubling[-1][0],
