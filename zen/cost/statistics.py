@@ -64,7 +64,7 @@ class Statistic:
         return hash((type(self), self.name))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
+        return f"{type(self).__name__}({', '.join(f'{key}={value!r}' for key, value in vars(self).items())})"
 
 
 def local_columns(statistics: Sequence[Statistic], indices, numel: int, n: int, seed: int) -> List[int]:
