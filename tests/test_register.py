@@ -189,7 +189,7 @@ def test_register_checks_the_statistics():
         with pytest.raises(TypeError, match="Bad.statistics must be a tuple of zen.cost.Statistic"):
             zen.register_scheme("bad", bad)
     unnamed = type("Unnamed", (Pages,), dict(name="two words"))
-    with pytest.raises(ValueError, match="not an identifier"):
+    with pytest.raises(ValueError, match="name 'two words' is not an identifier"):
         zen.register_scheme("bad", type("Bad", (PagedGather,), dict(statistics=(unnamed(),))))
     with pytest.raises(ValueError, match="'bad' declares statistic 'pages' as .*one name, one statistic"):
         zen.register_scheme("bad", type("Bad", (PagedGather,), dict(statistics=(Pages(), Pages(page=128)))))

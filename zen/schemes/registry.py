@@ -68,8 +68,8 @@ def _check_statistics(name: str, scheme_class: type) -> None:
     known = {s.name: (s, other) for other, cls in _REGISTRY.items() if other != name for s in cls.statistics}
     for statistic in declared:
         if not (isinstance(statistic.name, str) and statistic.name.isidentifier()):
-            raise ValueError(f"register_scheme: {scheme_class.__name__} declares a statistic whose name is not an "
-                             f"identifier: {statistic!r}")
+            raise ValueError(f"register_scheme: {scheme_class.__name__} declares a statistic whose name "
+                             f"{statistic.name!r} is not an identifier ({statistic!r})")
         first, declarer = known.setdefault(statistic.name, (statistic, name))
         if first != statistic:
             raise ValueError(f"register_scheme: {name!r} declares statistic {statistic.name!r} as {statistic!r}, "
