@@ -10,7 +10,7 @@ The package is layered; each layer imports only from the ones below it (tests/te
     1 kernels and formats   ops, wire
     2 shared geometry       geometry, units
     3 transport, agreement  transport, lane, schedules, agreement
-    4 cost model            cost (model, terms, estimate)
+    4 cost model            cost (model, terms, estimate, statistics)
     5 fixed schemes         schemes (registry, base, call, one module per scheme; balanced: scheme, push,
                             pull, cost)
     6 measurement           measurement (store, timing, kernels, probe, calibration, workload)

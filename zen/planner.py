@@ -20,6 +20,10 @@ imbalance is the balls-in-bins estimate of ``zen.cost.hash_imbalance_estimate``.
 per rank gives the exact workload; fewer files give nnz, blocks and the contiguous imbalance, and the union
 growth fitted to the files' own union (``zen.cost.union_growth``), or, from a single file, ``--gamma`` or the
 uniform model (every index non-zero with probability d on each rank independently: an upper bound).
+
+The statistics that registered schemes declare (``zen.cost.Statistic``) are exact from one file per rank
+and take their closed-form estimate otherwise; predicting a scheme one of whose statistics has none from
+an estimated workload is an error naming the scheme and the statistic.
 """
 import argparse
 import json
@@ -33,10 +37,11 @@ import torch
 from . import cost, ops, wire
 from .agreement import DTYPES
 from .cost import LOCAL_TIMES, Profile, Workload
+from .cost.statistics import combine_columns, local_columns, with_estimates
 from .geometry import block_bounds, doubling_groups, flat_coo
 from .measurement.store import make_profile
 from .prediction import predict_times
-from .schemes import registered
+from .schemes import registered, registered_statistics
 
 _CHUNK = 1 << 22
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -87,17 +92,19 @@ def embedding_workload(rows: int, dim: int, tokens: int, world: int, zipf: float
     block_union = per_owner(expected_distinct(block_p, world * tokens))
     levels = [[min(float(numel), growth[len(g)] * nnz) for g in level] for level in doubling_groups(world)]
     index_size = torch.empty(0, dtype=wire.index_dtype(numel)).element_size()
-    return Workload(numel=numel, n=world, nnz=[nnz] * world, union=union,
-                    hash_counts=[cost.skewed_loads(nnz, world, lam)] * world,
-                    hash_union=cost.skewed_loads(union, world, lam), doubling_unions=levels,
-                    block_counts=[block_row] * world, block_union=block_union, index_size=index_size,
-                    value_size=value_size, block_size=block_size, dense_input=True)
+    w = Workload(numel=numel, n=world, nnz=[nnz] * world, union=union,
+                 hash_counts=[cost.skewed_loads(nnz, world, lam)] * world,
+                 hash_union=cost.skewed_loads(union, world, lam), doubling_unions=levels,
+                 block_counts=[block_row] * world, block_union=block_union, index_size=index_size,
+                 value_size=value_size, block_size=block_size, dense_input=True)
+    return with_estimates(w, registered_statistics())
 
 
 def workload_from_indices(indices: List[torch.Tensor], numel: int, value_size: int = 4, block_size: int = 256,
                           seed: int = 0, dense_input: bool = True) -> Workload:
     """The exact :class:`zen.cost.Workload` of n ranks whose non-zeros are ``indices[r]`` (unique int64),
-    computed in one process (what ``zen.measure`` measures on a group)."""
+    computed in one process (what ``zen.measure`` measures on a group, the registered schemes' declared
+    statistics with the same ``local`` and ``combine``)."""
     n = len(indices)
     idx_dtype = wire.index_dtype(numel)
     bounds = torch.tensor(block_bounds(numel, block_size, n), dtype=torch.int64)
@@ -113,11 +120,14 @@ def workload_from_indices(indices: List[torch.Tensor], numel: int, value_size: i
 
     union = union_of(list(range(n)))
     levels = [[union_of(g).numel() for g in level] for level in doubling_groups(n)]
+    statistics = registered_statistics()
+    rows = [local_columns(statistics, torch.sort(i.long()).values, numel, n, seed) for i in indices]
     return Workload(numel=numel, n=n, nnz=[i.numel() for i in indices], union=union.numel(),
                     hash_counts=[hash_loads(i) for i in indices], hash_union=hash_loads(union),
                     doubling_unions=levels, block_counts=[block_loads(i) for i in indices],
                     block_union=block_loads(union), index_size=torch.empty(0, dtype=idx_dtype).element_size(),
-                    value_size=value_size, block_size=block_size, dense_input=dense_input)
+                    value_size=value_size, block_size=block_size, dense_input=dense_input,
+                    statistics=combine_columns(statistics, rows, n))
 
 
 def gradient_workload(tensors: List[torch.Tensor], world: int, gamma: Optional[float] = None,
@@ -146,7 +156,8 @@ def gradient_workload(tensors: List[torch.Tensor], world: int, gamma: Optional[f
     return cost.estimate_workload(numel, world, k, growth=growth, block_size=block_size, block_nnz=blocks,
                                   block_union=union_blocks,
                                   block_imbalance=(files.block_imbalance, files.block_imbalance),
-                                  index_size=files.index_size, value_size=value_size, dense_input=dense_input)
+                                  index_size=files.index_size, value_size=value_size, dense_input=dense_input,
+                                  statistics=registered_statistics())
 
 
 def _load(path: str) -> dict:

@@ -13,6 +13,8 @@ of two) and one all-gather of counts:
 * the union U exactly, through recursive doubling of presence bitmaps (M/8 bytes per step, the schedule
   SparCML uses, so the running union of every doubling step is measured too: gamma(2^s));
 * the union's split over the hash partitions and over the owners' block ranges (the pull loads);
+* the statistics that registered schemes declare (``zen.cost.Statistic``), from every rank's own integers
+  in the same all-gather;
 * bytes per index and per value from the dtypes;
 
 and combine them with the group's :class:`zen.cost.Profile`: set by :func:`set_profile`, or measured once
@@ -54,7 +56,8 @@ def predict_times(workload: Workload, profile: Profile, schemes: Optional[Sequen
 
 def predict_phases(workload: Workload, profile: Profile) -> Dict[str, Dict[str, float]]:
     """Predicted seconds of each phase, for every registered scheme whose calls record phases."""
-    phases = {name: scheme.phases(workload, profile) for name, scheme in registered().items()}
+    phases = {name: scheme.phases(cost.for_scheme(workload, name, scheme), profile)
+              for name, scheme in registered().items()}
     return {name: p for name, p in phases.items() if p is not None}
 
 

@@ -53,24 +53,27 @@ All inputs of the exact forms are in a :class:`Workload`: measured on a group by
 or estimated from a few numbers by :func:`estimate_workload`. Each scheme declares its own time, phase and
 memory formulas beside its protocol (``zen.schemes.<scheme>``), written in the building blocks of
 :mod:`zen.cost.terms`; :func:`predict_times` and :func:`predict_memory` apply a set of them and need no
-process group (``zen.predict_times`` applies every registered scheme's).
+process group (``zen.predict_times`` applies every registered scheme's). A formula that needs more than the
+Workload's built-in counts reads a :class:`Statistic` its scheme declares (:mod:`zen.cost.statistics`).
 """
 
 from typing import Dict, Mapping
 
 from .estimate import estimate_workload, hash_imbalance_estimate, skewed_loads, uniform_growth, union_growth
 from .model import CALIBRATION_NUMELS, LOCAL_TIMES, PRIMITIVES, RATES, Profile, Workload
+from .statistics import Statistic, for_scheme
 from .terms import agree, balanced_bytes, dense_bytes, lines_bytes
 
-__all__ = ["Profile", "Workload", "LOCAL_TIMES", "CALIBRATION_NUMELS", "PRIMITIVES", "RATES", "predict_times",
-           "predict_memory", "choose", "estimate_workload", "hash_imbalance_estimate", "skewed_loads",
+__all__ = ["Profile", "Workload", "Statistic", "LOCAL_TIMES", "CALIBRATION_NUMELS", "PRIMITIVES", "RATES",
+           "predict_times", "predict_memory", "choose", "estimate_workload", "hash_imbalance_estimate", "skewed_loads",
            "uniform_growth", "union_growth", "dense_bytes", "balanced_bytes", "lines_bytes"]
 
 
 def predict_times(w: Workload, profile: Profile, formulas: Mapping) -> Dict[str, float]:
     """Predicted seconds of every scheme of ``formulas`` ({name: its scheme class, whose ``time(w, p)`` is
     its formula}) for workload ``w`` on ``profile``, each plus the profile's calibrated miss; "auto" is the
-    smallest of them (what ``scheme="auto"`` picks). No collectives.
+    smallest of them (what ``scheme="auto"`` picks). Each formula sees the statistics its scheme declares
+    (:func:`zen.cost.statistics.for_scheme`). No collectives.
 
     >>> from zen.schemes import registered
     >>> w = estimate_workload(numel=10**6, n=8, nnz=10**4, gamma=4.0)
@@ -84,7 +87,8 @@ def predict_times(w: Workload, profile: Profile, formulas: Mapping) -> Dict[str,
     elif w.numel == 0:  # only the agreement runs
         times = {name: profile.call_overhead + agree(0, w, profile) for name in names}
     else:
-        times = {name: formulas[name].time(w, profile) + profile.miss(name, w.numel) for name in names}
+        times = {name: formulas[name].time(for_scheme(w, name, formulas[name]), profile)
+                 + profile.miss(name, w.numel) for name in names}
     times["auto"] = min(times.values())
     return times
 
@@ -102,4 +106,4 @@ def predict_memory(w: Workload, formulas: Mapping) -> Dict[str, float]:
     names = [name for name in formulas if name != "auto"]
     if w.n <= 1 or w.numel == 0:  # nothing is reduced
         return {name: 0.0 for name in names}
-    return {name: formulas[name].memory(w) for name in names}
+    return {name: formulas[name].memory(for_scheme(w, name, formulas[name])) for name in names}

@@ -1,10 +1,11 @@
 """Workloads estimated from a few numbers (the planner, and benchmarks that know only d and gamma): union
 growth curves, the hash partition's expected imbalance, loads with a given skew."""
 import math
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from ..geometry import doubling_groups
 from .model import Workload
+from .statistics import Statistic, with_estimates
 
 
 def uniform_growth(nnz: float, space: float) -> Callable[[float], float]:
@@ -59,12 +60,15 @@ def estimate_workload(numel: int, n: int, nnz: float, gamma: Optional[float] = N
                       growth: Optional[Callable[[float], float]] = None, hash_imbalance: Optional[float] = None,
                       block_size: int = 256, block_nnz: Optional[float] = None,
                       block_union: Optional[float] = None, block_imbalance=(1.0, 1.0),
-                      index_size: int = 4, value_size: int = 4, dense_input: bool = True) -> Workload:
+                      index_size: int = 4, value_size: int = 4, dense_input: bool = True,
+                      statistics: Sequence[Statistic] = ()) -> Workload:
     """A :class:`Workload` from summary numbers: ``nnz`` non-zeros on every rank, union growth ``gamma``
     = gamma(n) (or the whole curve ``growth(k)``), hash imbalance (default :func:`hash_imbalance_estimate`),
     and for OmniReduce the non-zero blocks per rank and of the union (default: non-zeros spread uniformly,
     a block of B elements non-zero with probability 1 - (1 - d)^B) and the (push, pull) contiguous
-    imbalance. The heaviest partition is given the imbalance, the others share the rest equally."""
+    imbalance. The heaviest partition is given the imbalance, the others share the rest equally. Of the
+    declared ``statistics`` (:class:`zen.cost.Statistic`; the planner gives every registered scheme's), those
+    with a closed form get their estimate from the workload so built; the others get no value."""
     if growth is None:
         growth = union_growth(nnz, gamma if gamma is not None else float(n), n)
     union = min(float(numel), growth(n) * nnz)
@@ -78,7 +82,8 @@ def estimate_workload(numel: int, n: int, nnz: float, gamma: Optional[float] = N
             if numel else 0.0
     push, pull = block_imbalance
     levels = [[min(float(numel), growth(len(g)) * nnz) for g in level] for level in doubling_groups(n)]
-    return Workload(numel=numel, n=n, nnz=[float(nnz)] * n, union=union, hash_counts=[row] * n,
-                    hash_union=skewed_loads(union, n, lam), doubling_unions=levels,
-                    block_counts=[skewed_loads(block_nnz, n, push)] * n, block_union=skewed_loads(block_union, n, pull),
-                    index_size=index_size, value_size=value_size, block_size=block_size, dense_input=dense_input)
+    w = Workload(numel=numel, n=n, nnz=[float(nnz)] * n, union=union, hash_counts=[row] * n,
+                 hash_union=skewed_loads(union, n, lam), doubling_unions=levels,
+                 block_counts=[skewed_loads(block_nnz, n, push)] * n, block_union=skewed_loads(block_union, n, pull),
+                 index_size=index_size, value_size=value_size, block_size=block_size, dense_input=dense_input)
+    return with_estimates(w, statistics)

@@ -1,7 +1,7 @@
 """The cost model's inputs: a group's speeds (:class:`Profile`) and what one all-reduce must move
 (:class:`Workload`). Pure data; no collectives."""
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Dict, Sequence
 
 # The Profile's local kernel times (s), each >= 0; settable by name in zen.measurement.store.make_profile.
 LOCAL_TIMES = ("element_time", "write_time", "found_time", "merge_time", "merge2_time", "encode_time",
@@ -101,6 +101,9 @@ class Workload:
     has one group, the union. block_counts[r][w]: non-zero blocks of rank r in owner w's range;
     block_union[w]: non-zero blocks of the union in that range. dense_input: the tensor is strided (its
     non-zeros must be found and the union written back), not sparse COO.
+
+    statistics: {name: value} of the statistics that schemes declare beyond these
+    (:class:`zen.cost.Statistic`; formulas read one with :meth:`statistic`).
     """
 
     numel: int
@@ -118,6 +121,16 @@ class Workload:
     dense_input: bool = True
     row_size: int = 1
     row_choice: bool = False
+    statistics: Dict[str, Any] = field(default_factory=dict)
+
+    def statistic(self, name: str) -> Any:
+        """The value of the declared statistic ``name``; a LookupError naming it where the workload holds none
+        (a formula reads only the statistics its scheme declares in ``statistics``)."""
+        if name not in self.statistics:
+            held = ", ".join(repr(key) for key in self.statistics) or "none"
+            raise LookupError(f"the workload holds no statistic {name!r} (it holds {held}): a scheme's formulas "
+                              f"read only the statistics the scheme declares in its `statistics`")
+        return self.statistics[name]
 
     @property
     def gamma(self) -> float:

@@ -1,14 +1,15 @@
 """Measuring a workload on a group: everything the cost model needs to know about one all-reduce (the
 non-zeros per rank, their hash and block loads, the exact union and its growth by recursive doubling of
-presence bitmaps), in a few collectives."""
+presence bitmaps, the statistics the registered schemes declare), in a few collectives."""
 from typing import Callable, Optional, Tuple
 
 import torch
 
 from .. import ops, wire
 from ..cost import Profile, Workload
+from ..cost.statistics import combine_columns, local_columns
 from ..geometry import block_bounds, doubling_plan
-from ..schemes import registered
+from ..schemes import registered, registered_statistics
 from ..transport import Comm
 from . import store
 
@@ -50,7 +51,9 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
     (the network probe, collective: ``zen.measurement.probe.probe_now`` bound to the group), ranks without a
     profile run it (all ranks take part when one lacks it) and rank 0's profile is returned; without, no profile
     is exchanged and None is returned. The last exchange, an all-gather, carries the union counts per doubling
-    level, the union's split over hash partitions and owners, the push loads and the profile."""
+    level, the union's split over hash partitions and owners, the push loads, the local integers of every
+    registered scheme's declared statistics (``zen.cost.Statistic.local``, combined alike on every rank) and
+    the profile."""
     n, me = comm.world, comm.rank
     schemes = list(registered())
     idx_dtype = wire.index_dtype(numel)
@@ -63,6 +66,8 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
     bounds = block_bounds(numel, block_size, n)
     bound_tensor = torch.tensor(bounds, dtype=torch.int64, device=device)
     block_cuts = torch.searchsorted(torch.unique_consecutive(idx // block_size), bound_tensor).tolist()
+    statistics = registered_statistics()
+    declared = local_columns(statistics, idx, numel, n, comm.seed)
     agreed = agree([1 if profile is not None else 0, idx.numel()])
     if agreed is None:
         return None
@@ -101,10 +106,11 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
             ids = torch.unique_consecutive(union_idx // block_size)
             block_union += torch.diff(torch.searchsorted(ids, bound_tensor))
     block_counts = [block_cuts[w + 1] - block_cuts[w] for w in range(n)]
-    row = (levels + hash_union.tolist() + block_union.tolist() + hash_counts.tolist() + block_counts
+    row = (levels + hash_union.tolist() + block_union.tolist() + hash_counts.tolist() + block_counts + declared
            + store.encode(profile if probe is not None else None, schemes))
     gathered = comm.all_gather_rows(row).tolist()
-    columns = [steps + 1 + i * n for i in range(5)]  # where each group of n columns starts
+    columns = [steps + 1 + i * n for i in range(5)]  # where each group of n columns starts; the last, their end
+    declared_values = combine_columns(statistics, [r[columns[4]:columns[4] + len(declared)] for r in gathered], n)
     hash_total, block_total = ([sum(r[c + j] for r in gathered) for j in range(n)] for c in columns[:2])
     doubling = [[gathered[g << s][s] for g in range(p >> s)] for s in range(steps + 1)]
     workload = Workload(numel=numel, n=n, nnz=[r[1] for r in rows], union=doubling[-1][0],
@@ -112,5 +118,5 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
                         doubling_unions=doubling, block_counts=[r[columns[3]:columns[4]] for r in gathered],
                         block_union=block_total, index_size=si, value_size=wire.entry_bytes(values),
                         block_size=block_size, dense_input=dense_input, row_size=wire.row_width(values),
-                        row_choice=row_choice)
+                        row_choice=row_choice, statistics=declared_values)
     return workload, (store.decode(gathered[0][-len(store.columns(schemes)):], schemes) if probe is not None else None)

@@ -14,7 +14,7 @@ from .balanced import BalancedParallelism
 from .base import Call, Scheme
 from .dense import Dense
 from .omnireduce import OmniReduce
-from .registry import register_scheme, registered, scheme_class
+from .registry import register_scheme, registered, registered_statistics, scheme_class
 from .sparcml import SparCML
 
 register_scheme("dense", Dense)
@@ -23,5 +23,5 @@ register_scheme("sparcml", SparCML)
 register_scheme("omnireduce", OmniReduce)
 register_scheme("zen", BalancedParallelism)
 
-__all__ = ["Call", "Scheme", "register_scheme", "registered", "scheme_class", "Dense", "BalancedParallelism",
-           "AllGatherSparse", "SparCML", "OmniReduce"]
+__all__ = ["Call", "Scheme", "register_scheme", "registered", "registered_statistics", "scheme_class", "Dense",
+           "BalancedParallelism", "AllGatherSparse", "SparCML", "OmniReduce"]

@@ -270,10 +270,13 @@ class Scheme:
     what the agreement is to carry), then :meth:`finish` (the protocol, given every rank's numbers); or, more
     simply, it overrides :meth:`reduce_coo` and calls ``call.agree`` first in it. It may override
     :meth:`reduce_dense` where it has a better path than extract, reduce, write back. It declares ``phases``
-    or ``time``, and ``memory``; then ``zen.register_scheme(name, cls)`` makes ``zen.all_reduce(scheme=name)``,
-    ``zen.predict`` and ``auto`` use it."""
+    or ``time``, and ``memory``, and in ``statistics`` the :class:`zen.cost.Statistic` instances its formulas
+    read beyond the Workload's built-in counts (``w.statistic(name)``), measured wherever its workloads are;
+    then ``zen.register_scheme(name, cls)`` makes ``zen.all_reduce(scheme=name)``, ``zen.predict`` and
+    ``auto`` use it."""
 
     name = "?"
+    statistics: tuple = ()
 
     def agreement_settings(self) -> Optional[tuple]:
         """The settings every rank must share because they decide the protocol; checked in the agreement."""
