@@ -86,13 +86,13 @@ def test_every_scheme_exact_across_nodes(world):
 
 def _detect(rank, world, env):
     import zen
-    from zen.hierarchy import POLICY
+    from zen.hierarchy import HIERARCHY
     from zen.transport import get_comm
 
     os.environ.update(env(rank))
     comm = get_comm()
-    found = comm.submit(lambda: POLICY.topology(comm, None)).wait()
-    given = comm.submit(lambda: POLICY.topology(comm, 3)).wait()
+    found = comm.submit(lambda: HIERARCHY.topology(comm, None)).wait()
+    given = comm.submit(lambda: HIERARCHY.topology(comm, 3)).wait()
     x = torch.full((10,), 0.5 * (rank + 1))
     stats = {}
     zen.all_reduce(x, hierarchy="auto", stats=stats)  # one host: auto runs flat
@@ -196,7 +196,7 @@ def test_ranks_with_different_hierarchy_settings_all_raise():
 
 def _auto(rank, world):
     import zen
-    from zen.hierarchy import POLICY
+    from zen.hierarchy import HIERARCHY
     from zen.transport import get_comm
 
     modes = []
@@ -210,7 +210,7 @@ def _auto(rank, world):
         zen.all_reduce(x, stats=stats, hierarchy="auto", local_size=2)
         assert torch.equal(x, want)
         modes.append(stats["hierarchy"])
-    return modes, POLICY.choice(get_comm(), x, local_size=2)
+    return modes, HIERARCHY.choice(get_comm(), x, local_size=2)
 
 
 def test_auto_times_both_then_keeps_one():

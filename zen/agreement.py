@@ -303,7 +303,7 @@ def _exchange_rows(comm, row: List[int], payloads=None):
     n, me = comm.world, comm.rank
     slots = planned(comm)[0]
     if not any(map(any, slots)):
-        rows = comm.all_gather_rows(row)
+        rows = comm.all_gather_ints(row)
         firsts = [torch.empty(0, dtype=torch.uint8, device=comm.device)] * n
     else:
         mine = torch.tensor(row, dtype=torch.int64, device=comm.device)
@@ -368,7 +368,7 @@ def agree_and_carry(comm, header: List[int], extra: List[int], payloads, detail:
         field = getattr(error, "field", None)
         if field in ("shape", "scheme"):
             mine = _shape_text(tuple(shape or ())) if field == "shape" else repr(scheme_name)
-            texts = [decode_text(row) for row in comm.all_gather_rows(encode_text(mine, _TEXT_SLOTS)).tolist()]
+            texts = [decode_text(row) for row in comm.all_gather_ints(encode_text(mine, _TEXT_SLOTS)).tolist()]
             raise MismatchError(f"zen.all_reduce: tensors or arguments differ across ranks: {field} is "
                                 + _by_value(texts)) from None
         raise
@@ -377,7 +377,7 @@ def agree_and_carry(comm, header: List[int], extra: List[int], payloads, detail:
         raise MismatchError(f"zen.all_reduce: the ranks' schemes exchanged different agreement lengths {lengths}")
     out = rows[:, width + 1:width + 1 + min(lengths[0], room)]
     if lengths[0] > room:
-        out = torch.cat([out, comm.all_gather_rows(extra[room:])], dim=1)
+        out = torch.cat([out, comm.all_gather_ints(extra[room:])], dim=1)
     return out, firsts, planned
 
 

@@ -30,7 +30,7 @@ import torch
 from . import agreement, ops
 from .cost.terms import balanced_bytes, dense_bytes
 from .geometry import index_size, rows_are_smaller
-from .hierarchy import POLICY
+from .hierarchy import HIERARCHY
 from .schemes.base import Outcome, Request
 from .schemes.call import Segment, call_header
 from .transport import Comm
@@ -233,7 +233,7 @@ class BucketPlans:
             comm.all_reduce(buffer, self.value_dtype)
             plan.seconds["dense"] = time.perf_counter() - start
             return self.dense_outcome(buffer, comm)
-        outcome = POLICY.run(comm, Request(buffer, scheme, self.scheme_name, segments=segments,
+        outcome = HIERARCHY.run(comm, Request(buffer, scheme, self.scheme_name, segments=segments,
                                            value_dtype=self.value_dtype, hierarchy=self.hierarchy))
         plan.seconds["scheme"] = time.perf_counter() - start
         if not plan.dense:  # the scheme's way, unless this was a check's one call of it (not chosen)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .auto import Auto
-from .hierarchy import POLICY, check_hierarchy
+from .hierarchy import HIERARCHY, check_hierarchy
 from .schemes import Scheme, registered, scheme_class
 from .schemes.base import Request
 from .transport import check_timeout, get_comm
@@ -171,7 +171,7 @@ def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op:
     request = Request(tensor, instance, name, tuple(SCHEMES), block_size, hierarchy=(hierarchy, local_size))
 
     def job():
-        outcome = POLICY.run(comm, request)
+        outcome = HIERARCHY.run(comm, request)
         if stats is not None:
             stats.update(outcome.as_stats())
         return tensor

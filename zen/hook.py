@@ -33,7 +33,7 @@ from .agreement import MismatchError, text_code
 from .bucket_plan import BucketPlans, bucket_layout, bucket_segments, check_hook_call
 from .collective import SCHEMES, make_scheme
 from .cost.terms import dense_bytes
-from .hierarchy import POLICY, check_hierarchy
+from .hierarchy import HIERARCHY, check_hierarchy
 from .schemes.balanced import check_settings
 from .schemes.base import Outcome, Request, phase_range
 from .schemes.call import run_call
@@ -233,7 +233,7 @@ class ZenState:
         if self._checked:
             return
         settings = self.topk_settings()
-        rows = comm.all_gather_rows([text_code(v) for v in settings.values()]).tolist()
+        rows = comm.all_gather_ints([text_code(v) for v in settings.values()]).tolist()
         differ = [name for i, name in enumerate(settings) if len({row[i] for row in rows}) > 1]
         if differ:
             ranks = [r for r, row in enumerate(rows) if row != rows[0]]
@@ -314,7 +314,7 @@ def _sparsified_call(state: ZenState, comm, scheme, bucket, buffer: torch.Tensor
         request = Request(buffer, scheme, state.scheme, block_size=1, keep=sent.keep, value_dtype=state.value_dtype,
                           hierarchy=(state.hierarchy, state.local_size) if sent.keep is None else None)
         if sent.keep is None:
-            outcome = POLICY.run(comm, request)
+            outcome = HIERARCHY.run(comm, request)
         else:
             outcome = run_call(comm, request)
             outcome.hierarchy = "flat"  # the owners' threshold is over the whole group
@@ -393,7 +393,7 @@ def zen_hook(state: ZenState, bucket: dist.GradBucket) -> torch.futures.Future[t
                 elif planned:
                     outcome = plans.run(comm, scheme, bucket.index(), parameters, buffer, segments, layout, step)
                 else:
-                    outcome = POLICY.run(comm, Request(buffer, scheme, state.scheme, segments=segments,
+                    outcome = HIERARCHY.run(comm, Request(buffer, scheme, state.scheme, segments=segments,
                                                        value_dtype=state.value_dtype,
                                                        hierarchy=(state.hierarchy, state.local_size)))
             state._record(buffer, outcome, time.perf_counter() - start, last)

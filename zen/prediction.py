@@ -133,7 +133,7 @@ def _node_times(tensor, group, local_size, block_size) -> Optional[Dict[str, flo
         steps = node_step_times(intra, scan, workload)
         times = {name: t + sum(steps.values()) for name, t in predict_times(workload, cross_profile).items()}
         # The call ends with its slowest node and cross group: the largest over the ranks, the same on all.
-        slowest = comm.all_gather_rows([round(t * 1e12) for t in times.values()]).max(dim=0).values
+        slowest = comm.all_gather_ints([round(t * 1e12) for t in times.values()]).max(dim=0).values
         times = {name: t / 1e12 for name, t in zip(times, slowest.tolist()) if name != "auto"}
         return dict(times, auto=min(times.values()))
 

@@ -143,7 +143,6 @@ class Comm:
         dist.broadcast(seed, group_src=0, group=self.group)
         self.seed = int(seed.item())
         self._lane = Lane(f"zen-lane-{self.rank}")
-        self.row_choices = {}  # (segments, dtype) -> the block sizes agreed on their last call
         self.agreements = 0  # agreement exchanges started on this rank (tells a pre-exchange failure apart)
         self.broken: Optional[str] = None
         self._subs = {}  # suffix -> Comm over a subset of this group's ranks
@@ -278,10 +277,10 @@ class Comm:
                 f"part-way ({self.broken}); the ranks may be out of step. Create a new process group to go on.")
 
     # --- primitives -------------------------------------------------------------------------------
-    def all_gather_rows(self, row: List[int]) -> torch.Tensor:
-        """Every rank's ``row`` of int64s (all rows of the same length), as a CPU tensor [world, len].
+    def all_gather_ints(self, row: List[int]) -> torch.Tensor:
+        """Every rank's ``row`` of int64s (the same length on every rank), as a CPU tensor [world, len].
 
-        On gloo the rows go as one all-to-all (every rank sends its row to every peer at once): gloo's
+        On gloo they go as one all-to-all (every rank sends its row to every peer at once): gloo's
         all-gather is a ring of n-1 dependent steps, and for rows this small the steps' latency is all
         there is."""
         mine = torch.tensor(row, dtype=torch.int64, device=self.device)

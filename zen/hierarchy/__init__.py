@@ -17,7 +17,7 @@ Across the network a node sends its shards' union instead of its G ranks' entrie
 share indices (the same words in a batch) the node sends fewer bytes, and each rank pulls only 1/G of the
 union. What a node call costs beyond the cross step is the two steps on the fast links: dense (s_v M bytes
 per rank in all), or sparse (each rank's entries, then the summed shards' entries) where the node's entries
-take fewer bytes than the tensor (:class:`zen.hierarchy.plan.Scan`,
+take fewer bytes than the tensor (:class:`zen.hierarchy.plan.NodePlan`,
 :func:`zen.hierarchy.cost.node_phases`).
 
 Errors as in the flat call: bad input on any rank makes every rank raise a :class:`zen.MismatchError`. The
@@ -30,9 +30,9 @@ on each other until the group's timeout, then raise :class:`zen.PeerError`.
 
 The package, by part:
 
-    policy      ``hierarchy=`` "flat", "node" or "auto": the choice per call, timed for "auto" (:data:`POLICY`)
+    policy      ``hierarchy=`` "flat", "node" or "auto": the choice per call, timed for "auto" (:data:`HIERARCHY`)
     node        one node call: its agreements on the node and across the nodes, its errors
-    plan        the node's plan of a strided tensor (:class:`Scan`): blocks, shards, sparse or dense inside
+    plan        the node's plan of a strided tensor (:class:`NodePlan`): blocks, shards, sparse or dense inside
     strided     the three steps on a strided tensor
     coo         the three steps on a sparse COO tensor
     topology    which ranks share a node; the intra-node and cross-node groups
@@ -41,10 +41,10 @@ The package, by part:
 """
 from .cost import node_phases
 from .node import node_call
-from .plan import Scan, shard_bounds, shard_segments
-from .policy import POLICY, Hierarchy, check_hierarchy
+from .plan import NodePlan, shard_bounds, shard_segments
+from .policy import HIERARCHY, Hierarchy, check_hierarchy
 from .prediction import node_shard, node_step_times
 from .topology import Topology, detect, node_comms
 
-__all__ = ["POLICY", "Hierarchy", "check_hierarchy", "node_call", "Scan", "shard_bounds", "shard_segments",
+__all__ = ["HIERARCHY", "Hierarchy", "check_hierarchy", "node_call", "NodePlan", "shard_bounds", "shard_segments",
            "Topology", "detect", "node_comms", "node_phases", "node_shard", "node_step_times"]

@@ -28,7 +28,7 @@ def node_sparse(intra: Comm, cross: Comm, request: Request) -> Tuple[dict, Outco
     with phase_range(name, "intra_reduce_scatter"):
         owners = torch.searchsorted(rows.new_tensor(bounds[1:-1]), rows, right=True)
         counts = torch.bincount(owners, minlength=g).tolist()
-        matrix = intra.all_gather_rows(counts).tolist()  # matrix[q][j]: rows rank q sends to rank j
+        matrix = intra.all_gather_ints(counts).tolist()  # matrix[q][j]: rows rank q sends to rank j
         send, send_splits = wire.pack_coo_pieces(rows, values, counts)
         si, sv = rows.element_size(), wire.entry_bytes(values)
         recv_splits = [wire.coo_bytes(matrix[q][me], si, sv) for q in range(g)]
@@ -53,7 +53,7 @@ def node_sparse(intra: Comm, cross: Comm, request: Request) -> Tuple[dict, Outco
         shard = shard.coalesce()
         ids, summed = sparse_rows(shard)
         ids = ids + bounds[me]
-        sizes = intra.all_gather_rows([ids.numel()]).view(-1).tolist()
+        sizes = intra.all_gather_ints([ids.numel()]).view(-1).tolist()
         piece = wire.pack_coo(ids, summed)
         splits = [wire.coo_bytes(c, si, sv) for c in sizes]
         gathered = torch.empty(sum(splits), dtype=torch.uint8, device=values.device)

@@ -13,7 +13,7 @@ from ..schemes.base import Outcome, Request, phase_range
 from ..schemes.call import call_header, run_call
 from ..transport import Comm
 from .coo import node_sparse
-from .plan import Scan
+from .plan import NodePlan
 from .strided import node_strided
 from .topology import Topology, node_comms
 
@@ -44,17 +44,17 @@ def node_call(comm: Comm, topology: Topology, request: Request) -> Outcome:
     header, detail = call_header(comm, request)
     shape, name = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else (), str(request.name)
     node = topology.node_of(comm.rank)
-    scan = None
+    plan = None
     if not detail and tensor.layout == torch.strided and tensor.numel():
         try:
             with phase_range(name, "node_scan"):
-                scan = Scan(tensor, request.segments, request.block_size)
+                plan = NodePlan(tensor, request.segments, request.block_size)
         except Exception as error:  # told to the node in its agreement, so every rank raises alike
             header[-1] = Problem.FAILED_BEFORE_EXCHANGE
             detail = f"{type(error).__name__}: {error}"
     try:
         with phase_range(name, "intra_agree"):
-            rows = agreement.agree(intra, header, scan.counts if scan else [], detail, shape, name)
+            rows = agreement.agree(intra, header, plan.counts if plan else [], detail, shape, name)
     except MismatchError as error:
         # This node cannot go on; the other nodes learn it in their cross step's agreement, whose row holds a
         # short text (n + 8 int64s): the message without its preamble and the explanations in parentheses.
@@ -76,12 +76,12 @@ def node_call(comm: Comm, topology: Topology, request: Request) -> Outcome:
         with torch.no_grad():
             if tensor.layout == torch.sparse_coo:
                 phases, crossed = node_sparse(intra, cross, request)
-            elif scan is None:  # nothing to sum: the cross step's agreement still checks every node
+            elif plan is None:  # nothing to sum: the cross step's agreement still checks every node
                 crossed = run_call(cross, dataclasses.replace(request, segments=None, checked=tensor))
                 phases = dict(intra_bytes=0)
             else:
-                scan.plan(rows, intra.world)
-                phases, crossed = node_strided(intra, cross, scan, request)
+                plan.decide(rows, intra.world)
+                phases, crossed = node_strided(intra, cross, plan, request)
     except MismatchError as error:  # raised by the cross step's agreement, alike on every rank
         raise MismatchError(_cross_text(str(error), topology)) from None
     except BaseException as error:  # noqa: B036  (part-way: the ranks are out of step)
@@ -89,7 +89,7 @@ def node_call(comm: Comm, topology: Topology, request: Request) -> Outcome:
             sub.fail(error)
         raise
     intra_bytes = phases.pop("intra_bytes")
-    figures = NodeFigures(intra_sparse=bool(scan and scan.sparse), nodes=len(topology.nodes),
+    figures = NodeFigures(intra_sparse=bool(plan and plan.sparse), nodes=len(topology.nodes),
                           local_size=len(topology.nodes[0]), inter_bytes=crossed.bytes_sent, intra_bytes=intra_bytes,
                           seconds=time.perf_counter() - start)
     return dataclasses.replace(crossed, bytes_sent=crossed.bytes_sent + intra_bytes, hierarchy="node", node=figures,

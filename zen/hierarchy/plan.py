@@ -1,6 +1,6 @@
 """A node call's plan of a strided tensor (:mod:`zen.hierarchy`): its shards, cut at row boundaries, and
-:class:`Scan`, which chooses from the node's counts how each segment travels and whether the two steps inside
-the node move entries or the shards themselves."""
+:class:`NodePlan`, which chooses from the node's counts how each segment travels and whether the two steps
+inside the node move entries or the shards themselves."""
 from typing import Optional, Sequence
 
 import torch
@@ -30,7 +30,7 @@ def shard_segments(segments: Sequence[Segment], lo: int, hi: int) -> list:
             for offset, numel, row in segments if offset < hi and offset + numel > lo]
 
 
-class Scan:
+class NodePlan:
     """A strided tensor's non-zero entries, and how the node moves them: each segment (offset, numel, row size)
     as rows of its row size or as elements, chosen on the node's counts (``zen.schemes.call.decide_rows``), and
     the two steps inside the node sparse (each rank's entries of shard j to local rank j; the summed shards'
@@ -48,7 +48,7 @@ class Scan:
         ones = sum(ops.count_nonzero(self.flat[o:o + n], 1)[0] for o, n, r in self.segments if r == 1)
         self.counts = counts + [ones]  # per row size > 1: elements, rows; then the elements of row size 1
 
-    def plan(self, rows: torch.Tensor, local_size: int) -> None:
+    def decide(self, rows: torch.Tensor, local_size: int) -> None:
         """The blocks and the mode, from every node rank's counts (``rows``), alike on the node's ranks."""
         totals = rows.sum(dim=0).tolist()
         flat, segments = self.flat, self.segments

@@ -40,7 +40,7 @@ class _Trials:
 
 
 class Hierarchy:
-    """Runs calls flat or by nodes, and keeps what ``"auto"`` measured. One per process (:data:`POLICY`)."""
+    """Runs calls flat or by nodes, and keeps what ``"auto"`` measured. One per process (:data:`HIERARCHY`)."""
 
     def __init__(self, trials: int = 3, recheck: int = 100):
         self.trials, self.recheck = trials, recheck
@@ -142,4 +142,4 @@ def _tensor_key(tensor) -> tuple:
     return (tuple(tensor.shape), tensor.dtype, tensor.layout)
 
 
-POLICY = Hierarchy()
+HIERARCHY = Hierarchy()

@@ -1,5 +1,5 @@
 """A node call's steps on a strided tensor (``zen.hierarchy``): sparse inside the node where the node's
-entries take fewer bytes than the tensor, else dense, as the call's :class:`zen.hierarchy.plan.Scan` planned."""
+entries take fewer bytes than the tensor, else dense, as the call's :class:`zen.hierarchy.plan.NodePlan` planned."""
 import dataclasses
 import time
 from typing import Tuple
@@ -73,19 +73,19 @@ def _touched_rows(flat: torch.Tensor, lo: int, parts, starts: torch.Tensor) -> t
     return extracted, counts
 
 
-def node_strided(intra: Comm, cross: Comm, scan, request: Request) -> Tuple[dict, Outcome]:
-    """Steps 1-3 on a strided tensor (sparse or dense inside the node, as ``scan`` planned); returns the
+def node_strided(intra: Comm, cross: Comm, plan, request: Request) -> Tuple[dict, Outcome]:
+    """Steps 1-3 on a strided tensor (sparse or dense inside the node, as ``plan`` decided); returns the
     phases' seconds with the bytes sent inside the node, and the cross step's outcome."""
     tensor, name, block_size = request.tensor, str(request.name), request.block_size
-    flat, bounds, g, me = scan.flat, scan.bounds, intra.world, intra.rank
+    flat, bounds, g, me = plan.flat, plan.bounds, intra.world, intra.rank
     lo, hi = bounds[me], bounds[me + 1]
-    sizes = sorted(set(scan.blocks))
+    sizes = sorted(set(plan.blocks))
     t0 = time.perf_counter()
     with phase_range(name, "intra_reduce_scatter"):
-        if scan.sparse:  # each rank's entries of shard j to local rank j, which adds them to its own
-            mine = scan.entries()
+        if plan.sparse:  # each rank's entries of shard j to local rank j, which adds them to its own
+            mine = plan.entries()
             send, send_splits, counts = _pack(mine, bounds)
-            matrix = intra.all_gather_rows(counts).view(g, g, -1)  # [sender, owner, block size]
+            matrix = intra.all_gather_ints(counts).view(g, g, -1)  # [sender, owner, block size]
             recv_counts = [matrix[q, me].tolist() for q in range(g)]
             recv_splits = [_packed_bytes(row, sizes, flat.element_size()) for row in recv_counts]
             largest = max(_packed_bytes(matrix[q, j].tolist(), sizes, flat.element_size())
@@ -106,17 +106,17 @@ def node_strided(intra: Comm, cross: Comm, scan, request: Request) -> Tuple[dict
             intra_bytes = (flat.numel() - (hi - lo)) * flat.element_size()
     t1 = time.perf_counter()
     with phase_range(name, "cross"):
-        parts = shard_segments(scan.segments, lo, hi) if block_size is None else None
-        # The shard's non-zero rows are among those the node's entries touched: found there, not by a scan.
-        scanned = _touched_rows(flat, lo, parts, torch.cat(touched)) if scan.sparse and parts else None
+        parts = shard_segments(plan.segments, lo, hi) if block_size is None else None
+        # The shard's non-zero rows are among those the node's entries touched: found there, not by a plan.
+        scanned = _touched_rows(flat, lo, parts, torch.cat(touched)) if plan.sparse and parts else None
         crossed = run_call(cross, dataclasses.replace(request, tensor=flat[lo:hi], segments=parts or None,
                                                       checked=tensor, scanned=scanned))
     t2 = time.perf_counter()
     with phase_range(name, "intra_all_gather"):
-        if scan.sparse:  # the summed shards' entries to every rank, which clears its own entries of the others first
-            summed = scan.entries(lo, hi, rescan=True)
+        if plan.sparse:  # the summed shards' entries to every rank, which clears its own entries of the others first
+            summed = plan.entries(lo, hi, rescan=True)
             piece, _, counts = _pack(summed, [lo, hi])
-            rows = intra.all_gather_rows(counts).tolist()
+            rows = intra.all_gather_ints(counts).tolist()
             splits = [_packed_bytes(row, list(summed), flat.element_size()) for row in rows]
             gathered = torch.empty(sum(splits), dtype=torch.uint8, device=flat.device)
             with intra.waiting_on("an all-gather inside the node", intra.others()):

@@ -44,7 +44,7 @@ def _misses(comm: Comm, profile: Profile, repeats: int, numel: int, density: flo
     x[torch.randperm(numel, generator=generator)[:max(1, int(numel * density))]] = 1.0
     x = x.to(comm.device)
     indices, values = ops.nonzero(x)
-    workload, _ = measure_now(comm, comm.all_gather_rows, indices, values, numel, True)
+    workload, _ = measure_now(comm, comm.all_gather_ints, indices, values, numel, True)
     uncalibrated = dataclasses.replace(profile, calibration=(), calibration_large=())
     schemes = registered()
     predicted = predict_times(workload, uncalibrated, {name: schemes[name] for name in names})

@@ -75,7 +75,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         a median of one size. ``fixed``: the primitive's fixed cost, for :func:`slope_rate`."""
         t_one = median_time(lambda: run(unit), repeats)
         while (grow and 2 * unit <= largest_unit
-               and comm.all_gather_rows([round(t_one * PS)]).max() < RATE_SECONDS * PS):
+               and comm.all_gather_ints([round(t_one * PS)]).max() < RATE_SECONDS * PS):
             unit *= 2
             t_one = median_time(lambda: run(unit), repeats)
         ones, fours = together_times(comm, [lambda: run(unit), lambda: run(4 * unit)], repeats)
@@ -85,7 +85,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
         one = torch.zeros(1, device=device)
         a2a_in = torch.zeros(8 * n, dtype=torch.uint8, device=device)
         a2a_out = torch.empty_like(a2a_in)
-        tiny = dict(allgather=lambda: comm.all_gather_rows([0]),
+        tiny = dict(allgather=lambda: comm.all_gather_ints([0]),
                     allreduce=lambda: dist.all_reduce(one, group=comm.group),
                     alltoall=lambda: comm.all_to_all(a2a_out, a2a_in, [8] * n, [8] * n, 8))
         for name, times in zip(tiny, together_times(comm, list(tiny.values()), 2 * repeats + 1)):
@@ -146,7 +146,7 @@ def probe_now(comm: Comm, message_bytes: int = 1 << 20, repeats: int = 5) -> Pro
     if n > 1 and "p2p" not in mine:
         # measured nothing point-to-point: no latency, and no p2p columns (already -1)
         row[store.columns(schemes).index("latency")] = -1
-    profile = store.decode(store.median_rows(comm.all_gather_rows(row).tolist()), schemes)
+    profile = store.decode(store.median_rows(comm.all_gather_ints(row).tolist()), schemes)
     if n == 1:
         return profile
     logger.info("zen: rank %d: kernels probed; now the calibration (%d schemes, calls of %d and %d elements)",

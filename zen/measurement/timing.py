@@ -61,7 +61,7 @@ def trial_seconds(comm: Comm, start: float, owner: str) -> float:
     the profiler's range ``zen::<owner>::trial_time``."""
     end = time.perf_counter()
     with phase_range(owner, "trial_time"):
-        rows = comm.all_gather_rows([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
+        rows = comm.all_gather_ints([clock_id(), round(start * 1e9), round(end * 1e9)]).tolist()
     return call_seconds([row[1:2] for row in rows], [row[2:3] for row in rows], [row[0] for row in rows])[0] / 1e9
 
 
@@ -88,12 +88,12 @@ def together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=No
         args = (prepare(),) if prepare is not None else ()
         if least == 0:
             time.sleep(QUIET_SECONDS)
-        comm.all_gather_rows([0])  # the common start
+        comm.all_gather_ints([0])  # the common start
         start = time.perf_counter()
         for _ in range(runs):
             fn(*args)
         end = time.perf_counter()
-        comm.all_gather_rows([0])  # the common end: no rank's next work slows a rank still running
+        comm.all_gather_ints([0])  # the common end: no rank's next work slows a rank still running
         return round(start * PS), round(end * PS)
 
     def length(span: Tuple[int, int]) -> int:  # picoseconds
@@ -104,13 +104,13 @@ def together_times(comm: Comm, fns, repeats: int, least: float = 0.0, prepare=No
         timed(fn, 1)  # warm-up
         runs = 1
         if least > 0:
-            once = comm.all_gather_rows([length(timed(fn, 1))]).max().item() / PS
+            once = comm.all_gather_ints([length(timed(fn, 1))]).max().item() / PS
             runs = max(1, min(1000, math.ceil(least / max(once, 1e-9))))
         counts.append(runs)
     spans = [timed(fn, runs) for _ in range(repeats) for fn, runs in zip(fns, counts)]
     if least > 0:
-        slowest = comm.all_gather_rows([length(span) for span in spans]).max(dim=0).values.tolist()
+        slowest = comm.all_gather_ints([length(span) for span in spans]).max(dim=0).values.tolist()
     else:
-        rows = comm.all_gather_rows([clock_id()] + [t for span in spans for t in span]).tolist()
+        rows = comm.all_gather_ints([clock_id()] + [t for span in spans for t in span]).tolist()
         slowest = call_seconds([row[1::2] for row in rows], [row[2::2] for row in rows], [row[0] for row in rows])
     return [[slowest[r * len(fns) + i] / PS / runs for r in range(repeats)] for i, runs in enumerate(counts)]

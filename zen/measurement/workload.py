@@ -40,14 +40,13 @@ def _indices_of(bitmap: torch.Tensor, first_byte: int):
 
 def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: bool, block_size: int = 256,
                 profile: Optional[Profile] = None, probe: Optional[Callable[[], Profile]] = None,
-                row_choice: bool = False) -> Optional[Tuple[Workload, Optional[Profile]]]:
+                row_choice: bool = False) -> Tuple[Workload, Optional[Profile]]:
     """Measure the workload of all-reducing (indices, values) over [0, numel) entries (collective, on the
     lane); values [k] or rows [k, b], ``block_size`` OmniReduce's in entries; ``row_choice``: the call it
     measures chooses its block size (for the cost model's agreement).
 
-    ``agree(row)`` is the first collective (the call's agreement), of [has a profile, nnz]; it returns the
-    agreed rows, or None where the caller stops after the agreement (alike on every rank, as it decides on the
-    agreed rows): then measure_now returns None and sends nothing more. With ``probe``
+    ``agree(row)`` is the first collective (the call's agreement), of [has a profile, nnz]; it returns every
+    rank's row (a caller that agreed already hands back what it agreed). With ``probe``
     (the network probe, collective: ``zen.measurement.probe.probe_now`` bound to the group), ranks without a
     profile run it (all ranks take part when one lacks it) and rank 0's profile is returned; without, no profile
     is exchanged and None is returned. The last exchange, an all-gather, carries the union counts per doubling
@@ -68,10 +67,7 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
     block_cuts = torch.searchsorted(torch.unique_consecutive(idx // block_size), bound_tensor).tolist()
     statistics = registered_statistics()
     declared = local_columns(statistics, idx, numel, n, comm.seed)
-    agreed = agree([1 if profile is not None else 0, idx.numel()])
-    if agreed is None:
-        return None
-    rows = agreed.tolist()
+    rows = agree([1 if profile is not None else 0, idx.numel()]).tolist()
     if probe is not None and any(r[0] == 0 for r in rows):
         probed = probe()
         profile = profile or probed
@@ -108,7 +104,7 @@ def measure_now(comm: Comm, agree, indices, values, numel: int, dense_input: boo
     block_counts = [block_cuts[w + 1] - block_cuts[w] for w in range(n)]
     row = (levels + hash_union.tolist() + block_union.tolist() + hash_counts.tolist() + block_counts + declared
            + store.encode(profile if probe is not None else None, schemes))
-    gathered = comm.all_gather_rows(row).tolist()
+    gathered = comm.all_gather_ints(row).tolist()
     columns = [steps + 1 + i * n for i in range(5)]  # where each group of n columns starts; the last, their end
     declared_values = combine_columns(statistics, [r[columns[4]:columns[4] + len(declared)] for r in gathered], n)
     hash_total, block_total = ([sum(r[c + j] for r in gathered) for j in range(n)] for c in columns[:2])

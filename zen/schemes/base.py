@@ -81,9 +81,10 @@ class Request:
     global top-k, where the scheme supports it: keep about that many of the largest sums (the indices kept
     come back in :attr:`Outcome.kept`). ``value_dtype``: the dtype values travel in, for the schemes that
     support it (sums are kept in the tensor's dtype where the scheme sums). ``hierarchy``: the call's
-    (setting, local_size) of :mod:`zen.hierarchy`, for the agreement's header (None: a call that is not one). ``checked``: where ``tensor`` is a part of a tensor (a
-    node call's shard), that tensor: the agreement checks it. ``scanned``: what
-    :func:`zen.schemes.call.scan_rows` would find in ``segments``, where the caller knows it already."""
+    (setting, local_size) of :mod:`zen.hierarchy`, for the agreement's header (None: a call that is not one).
+    ``checked``: where ``tensor`` is a part of a tensor (a node call's shard), that tensor: the agreement
+    checks it. ``scanned``: what :func:`zen.schemes.call.scan_rows` would find in ``segments``, where the
+    caller knows it already."""
 
     tensor: object
     scheme: Optional["Scheme"]
@@ -209,7 +210,7 @@ class Call:
         state = self.agreement
         if state.done:
             empty = torch.empty(0, dtype=torch.uint8, device=self.comm.device)
-            return Agreed(self.comm.all_gather_rows(opening.numbers), [empty] * n, [[0] * n for _ in range(n)])
+            return Agreed(self.comm.all_gather_ints(opening.numbers), [empty] * n, [[0] * n for _ in range(n)])
         state.done = state.plan_open = True
         counts, state.choice_counts = state.choice_counts or [], None
         rows, arrived, slots = agreement.agree_and_carry(self.comm, self.header, counts + list(opening.numbers),

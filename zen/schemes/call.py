@@ -8,6 +8,7 @@ group on the rank that sees it (:class:`zen.BrokenGroupError` for every later ca
 """
 import dataclasses
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
@@ -133,6 +134,9 @@ def segment_entries(flat: torch.Tensor, segment: Segment, b: int, extracted) -> 
     return (ids.to(torch.int64)[at // row] * row + at % row).to(wire.index_dtype(numel)), values
 
 
+_CHOICES = weakref.WeakKeyDictionary()  # Comm -> {(segments, dtype): the block sizes agreed on their last call}
+
+
 def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[Segment], chosen: bool,
                     scanned=None) -> None:
     """Sum the segments of ``flat`` in place, each as elements or rows (``chosen``: choose per call, else each
@@ -153,21 +157,22 @@ def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[S
             return
         _reduce_groups(call, scheme, _groups(call, flat, segments, [row for _, _, row in segments], None))
         return
+    choices = _CHOICES.setdefault(call.comm, {})
     key = (tuple(segments), flat.dtype)
-    expected = call.comm.row_choices.get(key, [row for _, _, row in segments])
+    expected = choices.get(key, [row for _, _, row in segments])
     with call.phase("scan"):
         extracted, counts = scanned if scanned is not None else scan_rows(flat, segments)
     if not opens(type(scheme)):
         with call.phase("agree"):
             blocks = decide_rows(call.agree(counts).sum(dim=0).tolist(), flat, segments)
-        call.comm.row_choices[key] = blocks
+        choices[key] = blocks
         _reduce_groups(call, scheme, _groups(call, flat, segments, blocks, extracted))
         return
     groups = _groups(call, flat, segments, expected, extracted)
     call.agreement.choice_counts = counts
     opened = _open(call, scheme, groups[0])
     blocks = decide_rows(opened[1].choice, flat, segments)
-    call.comm.row_choices[key] = blocks
+    choices[key] = blocks
     if blocks != expected:
         groups = _groups(call, flat, segments, blocks, extracted)
         opened = _open(call, scheme, groups[0])

@@ -163,7 +163,7 @@ class OmniReduce(Scheme):
         # pull: every owner's summed blocks to all.
         with call.phase("pull", self.name):
             payload = wire.pack_blocks(ops.bitmap_encode(union, my_range), summed)
-            union_counts = comm.all_gather_rows([union.numel()])[:, 0].tolist()
+            union_counts = comm.all_gather_ints([union.numel()])[:, 0].tolist()
             pull_splits = [wire.blocks_bytes(c, ranges[w], bs, sv) for w, c in enumerate(union_counts)]
             pulled = torch.empty(sum(pull_splits), dtype=torch.uint8, device=device)
             comm.all_gather_bytes(pulled, payload, pull_splits)

@@ -125,7 +125,8 @@ class SparCML(Scheme):
 
         sent = [0]
 
-        def step(peer, mine: Optional[_Running], send_header: bool, known: Optional[Tuple[int, int]]) -> Optional[_Running]:
+        def step(peer, mine: Optional[_Running], send_header: bool,
+                 known: Optional[Tuple[int, int]]) -> Optional[_Running]:
             """Send ``mine`` to ``peer`` (if given) and receive the peer's sum (unless ``known`` is False);
             ``known`` = (count, format) of the peer's message when this rank knows it, None when a header
             comes first."""
