@@ -34,7 +34,6 @@ MAPE = the mean of |error| per scheme.
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
-from . import ops, wire
+from . import wire
 from .cost import choose, predict_times
 from .measurement.probe import probe_now
 from .measurement.store import cached_profile, set_profile

@@ -27,7 +27,6 @@ an estimated workload is an error naming the scheme and the statistic.
 """
 import argparse
 import json
-import math
 import sys
 from typing import List, Optional
 

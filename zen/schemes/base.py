@@ -24,7 +24,7 @@ from torch.autograd import profiler as autograd_profiler
 from .. import agreement, ops, wire
 from ..cost import Profile, Workload
 from ..transport import Comm
-from .steps import Agreed, InPlace, Opening, Sum, Union
+from .steps import Agreed, Opening, Sum, Union
 
 Tensor = torch.Tensor
 _NO_RANGE = contextlib.nullcontext()
@@ -290,7 +290,7 @@ class Scheme:
 
     def finish(self, call: Call, opening: Opening, agreed: Agreed) -> Sum:
         """Step 2, after the agreement (every rank's numbers in ``agreed``): the protocol; returns the sum
-        (:mod:`zen.schemes.steps`). A scheme with a dense switch may sum ``call.dense`` itself (:class:`InPlace`)."""
+        (:mod:`zen.schemes.steps`). A scheme with a dense switch may sum ``call.dense`` itself (``InPlace``)."""
         raise NotImplementedError
 
     def run(self, call: Call, indices: Tensor, values: Tensor, numel: int) -> Sum:

@@ -6,10 +6,9 @@ across ranks, an error a rank hits before the first exchange) travels in the agr
 the same :class:`zen.MismatchError` and the group stays usable. A failure after the agreement breaks the
 group on the rank that sees it (:class:`zen.BrokenGroupError` for every later call; :mod:`zen.transport`).
 """
-import dataclasses
 import math
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 import torch
@@ -182,61 +181,55 @@ def reduce_segments(call: Call, scheme, flat: torch.Tensor, segments: Sequence[S
 
 @dataclass
 class _Group:
-    """The segments of one block size b, reduced by one run of the scheme: their entries one after the other as
-    one sparse tensor of ``numel`` entries, the data as one dense tensor (:class:`DenseData`), and the views
-    of ``flat`` they came from, with each one's first entry (``bases``)."""
+    """The segments of one block size b, reduced by one run of the scheme: the views of ``flat`` they are, each
+    one's first entry (``bases``: the group's entries one view after the other, ``numel`` in all), each one's
+    non-zero entries (``parts``) and all of them as one sparse tensor (``indices``, ``values``)."""
 
     b: int
     views: List[torch.Tensor]
     bases: List[int]
-    parts: list  # (indices, values) of each segment
+    parts: list
     indices: torch.Tensor
     values: torch.Tensor
-    dense: DenseData
-    went_dense: List[bool] = field(default_factory=list)
 
     @property
     def numel(self) -> int:
         return self.bases[-1]
 
+    @property
+    def dense(self) -> DenseData:
+        """The group's data as one dense tensor: its one view, or the views joined (then split back)."""
+        if len(self.views) == 1:
+            view = self.views[0]
+            return DenseData(lambda: view, lambda summed: summed is view or view.copy_(summed))
+        return DenseData(lambda: torch.cat(self.views), self._write_dense)
+
+    def _write_dense(self, summed: torch.Tensor) -> None:
+        for view, part in zip(self.views, summed.split([v.numel() for v in self.views])):
+            view.copy_(part)
+
 
 def _groups(call: Call, flat: torch.Tensor, segments, blocks, extracted) -> List[_Group]:
     """The segments with block sizes ``blocks`` as groups of one block size each, ascending; their entries
     are what ``extracted`` holds, else a scan (the call's phase "scan")."""
-    with call.phase("scan"):
-        return _grouped(flat, segments, blocks, extracted)
-
-
-def _grouped(flat: torch.Tensor, segments, blocks, extracted) -> List[_Group]:
     by_size = {}
     for i, (segment, b) in enumerate(zip(segments, blocks)):
         by_size.setdefault(b, []).append((segment, extracted[i] if extracted else None))
     groups = []
-    for b in sorted(by_size):
-        views = [flat[offset:offset + numel] for (offset, numel, _), _ in by_size[b]]
-        parts = [segment_entries(flat, segment, b, found) for segment, found in by_size[b]]
-        bases = [0]
-        for view in views:
-            bases.append(bases[-1] + view.numel() // b)
-        if len(views) == 1:
-            (indices, values), view = parts[0], views[0]
-            dense = DenseData(lambda view=view: view, lambda summed, view=view: summed is view or view.copy_(summed))
-        else:
-            indices = torch.cat([idx.to(torch.int64) + base for (idx, _), base in zip(parts, bases)])
-            values = torch.cat([val for _, val in parts])
-            dense = DenseData(lambda views=views: torch.cat(views), None)
-        group = _Group(b, views, bases, parts, indices, values, dense)
-        if len(views) > 1:
-            group.dense.write = lambda summed, group=group: _write_dense(group, summed)
-        groups.append(group)
+    with call.phase("scan"):
+        for b in sorted(by_size):
+            views = [flat[offset:offset + numel] for (offset, numel, _), _ in by_size[b]]
+            parts = [segment_entries(flat, segment, b, found) for segment, found in by_size[b]]
+            bases = [0]
+            for view in views:
+                bases.append(bases[-1] + view.numel() // b)
+            if len(parts) == 1:
+                indices, values = parts[0]
+            else:
+                indices = torch.cat([idx.to(torch.int64) + base for (idx, _), base in zip(parts, bases)])
+                values = torch.cat([val for _, val in parts])
+            groups.append(_Group(b, views, bases, parts, indices, values))
     return groups
-
-
-def _write_dense(group: _Group, summed: torch.Tensor) -> None:
-    """A scheme's dense sum of a group of several segments, back into their views."""
-    group.went_dense.append(True)
-    for view, part in zip(group.views, summed.split([v.numel() for v in group.views])):
-        view.copy_(part)
 
 
 def _open(call: Call, scheme, group: _Group) -> Tuple[Opening, Agreed]:
@@ -260,7 +253,7 @@ def _reduce_groups(call: Call, scheme, groups: List[_Group], opened=None) -> Non
             call.outcome = Outcome(block_size=group.b, phases=phases)
             summed = scheme.run(call, group.indices, group.values, group.numel)
         else:
-            call.outcome = dataclasses.replace(call.outcome, block_size=group.b)
+            call.outcome.block_size = group.b  # the outcome its opening recorded into
             summed = scheme.finish(call, *opened)
         call.dense = None
         if not summed.in_place:  # else the scheme wrote the sum into the data itself
@@ -282,11 +275,10 @@ def _write(group: _Group, summed) -> None:
 def _write_parts(group: _Group, pieces) -> None:
     """The union ``pieces`` of a group of several segments into their views."""
     views, bases = group.views, group.bases
-    if not group.went_dense:
-        # Clear the local entries first: a scheme whose union leaves out entries that summed to zero
-        # (OmniReduce's blocks, a densified sum) must not leave this rank's values there.
-        for view, (idx, val) in zip(views, group.parts):
-            ops.scatter_(view, idx, torch.zeros_like(val))
+    # Clear the local entries first: a sum whose pieces leave out entries that summed to zero (OmniReduce's
+    # blocks, a dense sum) must not leave this rank's values there.
+    for view, (idx, val) in zip(views, group.parts):
+        ops.scatter_(view, idx, torch.zeros_like(val))
     if pieces:
         idx, val = _joined(pieces)
         owner = torch.searchsorted(torch.tensor(bases[1:-1], dtype=torch.int64, device=idx.device), idx, right=True)

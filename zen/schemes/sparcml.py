@@ -16,7 +16,7 @@ receiver cannot know carry a step header [count, format] first (``wire.step_head
 Cost (ZEN Eq. 2, power-of-two n): T = sum_{i=1..log2 n} min(gamma(2^(i-1)) M d (s_i + s_v), M s_v) / b plus
 2 log2 n latencies; the messages grow with the union, so densification hurts every step.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
