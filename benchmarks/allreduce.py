@@ -3,6 +3,23 @@
     python benchmarks/allreduce.py                                    # 4 local ranks on loopback
     python benchmarks/allreduce.py --world 8 --bandwidth 1gbit        # emulated cluster (root)
     python benchmarks/allreduce.py --workload text --json out.json --plot out.png
+    python benchmarks/allreduce.py --workload gpt-topk      # the top-1% gradient of dense_model.py's GPT
+    python benchmarks/allreduce.py --workload deepfm        # the embedding gradient of train.py's DeepFM
+
+Workloads (--workload), each rank its own data, deterministic from (--seed, rank, step):
+
+    uniform, zipf  --sizes x --densities synthetic 1-D tensors (workloads.uniform, workloads.zipf)
+    text           the embedding-table gradient [vocab, --text-dim] of --text-batch tokens of real text
+                   (workloads.embedding_gradient), reduced as rows
+    gpt-topk       the GPT of benchmarks/dense_model.py (its defaults, or --gpt-vocab, --gpt-dim, --gpt-layers),
+                   the same weights on every rank (a fixed seed), forward and backward on the rank's own batch
+                   (dense_model.batch); every parameter's gradient flattened into one 1-D tensor, of which the
+                   --topk-ratio largest-magnitude entries are kept and the rest zeroed (as DGC and Ok-Topk do
+                   before their all-reduce), reduced as elements
+    deepfm         the gradient of the DeepFM embedding table of benchmarks/train.py ((--fm-fields x --fm-vocab)
+                   rows x --fm-dim), from the real forward and backward of --fm-batch samples per rank whose
+                   ids are Zipf(--fm-alpha) per field (train.deepfm_setup): non-zero on the rows the batch
+                   touched, reduced as rows
 
 Every iteration runs the schemes side by side on the same data, in one order (shuffled once by a seed that
 every rank shares), as a training step repeats its buckets' calls in one order: zen plans its push's slots
@@ -52,6 +69,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+WORKLOADS = ("uniform", "zipf", "text", "gpt-topk", "deepfm")  # --workload: see workload_tensor
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
@@ -65,11 +83,31 @@ def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world", type=int, default=4, help="ranks to start on this machine")
-    p.add_argument("--sizes", default="4M", help="comma-separated element counts, e.g. 1M,16M (ignored by --workload text)")
-    p.add_argument("--densities", default="0.001,0.01,0.1", help="comma-separated per-rank densities")
-    p.add_argument("--workload", default="uniform", choices=["uniform", "zipf", "text"])
+    p.add_argument("--sizes", default="4M", help="comma-separated element counts, e.g. 1M,16M (uniform and zipf "
+                   "only: the other workloads' sizes are their tables' or model's)")
+    p.add_argument("--densities", default="0.001,0.01,0.1", help="comma-separated per-rank densities (uniform and "
+                   "zipf only)")
+    p.add_argument("--workload", default="uniform", choices=WORKLOADS,
+                   help="the tensor every scheme sums (see the module's docstring): synthetic (uniform, zipf), an "
+                        "embedding gradient of real text (text), the top-k gradient of dense_model.py's GPT "
+                        "(gpt-topk), or the embedding gradient of train.py's DeepFM from its real forward and "
+                        "backward (deepfm)")
     p.add_argument("--text-dim", type=int, default=128, help="embedding dim of the text workload")
     p.add_argument("--text-batch", type=int, default=2048, help="tokens per rank per step of the text workload")
+    gpt = dense_model_defaults()
+    p.add_argument("--gpt-vocab", type=int, default=gpt.vocab, help="gpt-topk: the GPT's vocabulary cap "
+                   "(dense_model.py's default)")
+    p.add_argument("--gpt-dim", type=int, default=gpt.dim, help=f"gpt-topk: the GPT's d_model, a multiple of its "
+                   f"{gpt.heads} heads (dense_model.py's default)")
+    p.add_argument("--gpt-layers", type=int, default=gpt.layers, help="gpt-topk: the GPT's transformer blocks "
+                   "(dense_model.py's default)")
+    p.add_argument("--topk-ratio", type=float, default=0.01, help="gpt-topk: the fraction of the flattened "
+                   "gradient's entries kept (the largest in magnitude)")
+    p.add_argument("--fm-fields", type=int, default=26, help="deepfm: categorical fields (Criteo's 26)")
+    p.add_argument("--fm-vocab", type=int, default=10000, help="deepfm: ids per field")
+    p.add_argument("--fm-alpha", type=float, default=1.1, help="deepfm: the Zipf skew of each field's ids")
+    p.add_argument("--fm-batch", type=int, default=256, help="deepfm: samples per rank per step")
+    p.add_argument("--fm-dim", type=int, default=16, help="deepfm: the embedding table's width")
     p.add_argument("--schemes", default=None, help="comma-separated, default: every scheme (zen.SCHEMES); a scheme "
                    "with @node runs as a node call (zen.all_reduce(hierarchy='node'): dense inside each host, the "
                    "scheme across hosts), e.g. zen,zen@node,dense@node")
@@ -106,9 +144,139 @@ def workload_tensor(args, numel, density, rank, step):
         return workloads.uniform(numel, density, rank, args.seed + step, dtype)
     if args.workload == "zipf":
         return workloads.zipf(numel, density, rank, args.seed + step, dtype)
+    if args.workload == "gpt-topk":
+        return gpt_topk_gradient(args, rank, step)
+    if args.workload == "deepfm":
+        return deepfm_gradient(args, rank, step)
     corpus = workloads.StdlibCorpus()
     grad = workloads.embedding_gradient(corpus, args.text_dim, args.text_batch, rank, step, args.seed, dtype)
     return grad.view(corpus.vocab_size, args.text_dim)  # the table's shape: zen may reduce it as rows
+
+
+def dense_model_defaults():
+    """benchmarks/dense_model.py's own defaults (vocab, dim, layers, heads, seq, batch, tie_head): the GPT of the
+    gpt-topk workload is that script's model, at its sizes unless --gpt-* say otherwise."""
+    import dense_model
+
+    return dense_model.build_parser().parse_args([])
+
+
+def gpt_options(args):
+    """dense_model.py's options for the gpt-topk workload: its defaults, with --gpt-vocab, --gpt-dim, --gpt-layers
+    and --seed."""
+    options = dense_model_defaults()
+    options.vocab, options.dim, options.layers, options.seed = args.gpt_vocab, args.gpt_dim, args.gpt_layers, args.seed
+    return options
+
+
+def _gpt(options, vocab_size):
+    """dense_model.py's GPT as its ranks build it: torch.manual_seed(seed), so the same weights on every rank (the
+    global generator left as it was)."""
+    import dense_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(options.seed)
+        return dense_model.GPT(vocab_size, options.dim, options.layers, options.heads, options.seq, options.tie_head)
+
+
+def gpt_numel(args) -> int:
+    """The elements of the gpt-topk workload's tensor: the GPT's parameters (the vocabulary is the capped corpus's,
+    as dense_model.py's). The model is built and dropped (tens of ms; the meta device would import some 800 more
+    modules, 70 MB a rank)."""
+    import dense_model
+
+    options = gpt_options(args)
+    corpus, _, _ = dense_model.streams(options)
+    return sum(p.numel() for p in _gpt(options, corpus.vocab_size).parameters())
+
+
+# Each (workload, its options, rank, step)'s tensor, made once per process: a benchmark's repeated calls (and its
+# cases) get a copy instead of another forward and backward.
+_CACHE = {}
+
+
+def _cached(key, make):
+    if key not in _CACHE:
+        _CACHE[key] = make()
+    return _CACHE[key].clone()
+
+
+def _no_exact_zeros(values, dtype):
+    """values in dtype, an entry that rounds to exactly 0 set to dtype's smallest normal (a zero would silently
+    lower the density the workload claims)."""
+    values = values.to(dtype)
+    values[values == 0] = torch.finfo(dtype).tiny
+    return values
+
+
+def gpt_topk_gradient(args, rank, step):
+    """The gpt-topk workload: dense_model.py's GPT (the same weights on every rank), forward and backward on this
+    rank's batch for (seed, rank, step) (dense_model.batch: its --batch windows of --seq + 1 tokens of the
+    training stream), every parameter's gradient flattened into one 1-D tensor in the order of parameters(), of
+    which k = round(--topk-ratio x numel) entries, the largest in magnitude, are kept and the rest zeroed: exactly
+    k non-zeros per rank. Cached per (options, rank, step)."""
+    key = ("gpt-topk", args.seed, args.gpt_vocab, args.gpt_dim, args.gpt_layers, args.topk_ratio, args.dtype,
+           rank, step)
+    return _cached(key, lambda: _gpt_topk(args, rank, step))
+
+
+def _gpt_topk(args, rank, step):
+    import dense_model
+
+    options = gpt_options(args)
+    corpus, train, _ = dense_model.streams(options)
+    model = _gpt(options, corpus.vocab_size)
+    model(dense_model.batch(train, options, rank, step)).backward()
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    k = max(1, min(flat.numel(), round(args.topk_ratio * flat.numel())))
+    kept = flat.abs().topk(k, sorted=False).indices
+    dtype = DTYPES[args.dtype]
+    out = torch.zeros(flat.numel(), dtype=dtype)
+    out[kept] = _no_exact_zeros(flat[kept], dtype)
+    return out
+
+
+def deepfm_options(args):
+    """train.py's options for its DeepFM (train.deepfm_setup) from --fm-*."""
+    return argparse.Namespace(fields=args.fm_fields, field_vocab=args.fm_vocab, batch=args.fm_batch,
+                              zipf_alpha=args.fm_alpha, fm_dim=args.fm_dim, seed=args.seed)
+
+
+def deepfm_gradient(args, rank, step):
+    """The deepfm workload: the gradient of train.py's DeepFM embedding table, [fields x vocab, dim], from the real
+    forward and backward (binary cross-entropy) of this rank's batch for (seed, rank, step), as train.py's
+    deepfm_setup draws it: --fm-batch samples, each field's id Zipf(--fm-alpha) over --fm-vocab ids
+    (workloads._zipf_draws), labels from its fixed hidden logistic model; the model's weights the same on every
+    rank (a fixed seed). Non-zero on exactly the rows the batch touched (an entry of such a row that is exactly 0
+    in the dtype is set to its smallest normal). Cached per (options, rank, step)."""
+    key = ("deepfm", args.seed, args.fm_fields, args.fm_vocab, args.fm_alpha, args.fm_batch, args.fm_dim,
+           args.dtype, rank, step)
+    return _cached(key, lambda: _deepfm(args, rank, step))
+
+
+def deepfm_batch_ids(args, rank, step):
+    """The table rows (field offset + id) of this rank's batch at step: (--fm-batch, --fm-fields)."""
+    return _deepfm_setup(args, rank, step)[1][step][0]
+
+
+def _deepfm_setup(args, rank, step):
+    import train
+
+    # Every step's batch is drawn from its own generator (seed, rank, step): the setup's first step + 1 batches
+    # hold the one asked for, whatever the steps before. The model is built under torch.manual_seed(seed).
+    with torch.random.fork_rng(devices=[]):
+        return train.deepfm_setup(deepfm_options(args), rank, step + 1)
+
+
+def _deepfm(args, rank, step):
+    model, batches, _, _ = _deepfm_setup(args, rank, step)
+    ids, labels = batches[step]
+    model(ids, labels).backward()
+    grad = model.embed.weight.grad
+    rows = torch.unique(ids)
+    out = torch.zeros(grad.shape, dtype=DTYPES[args.dtype])
+    out[rows] = _no_exact_zeros(grad[rows], out.dtype)
+    return out
 
 
 def release_heap():
@@ -142,7 +310,23 @@ def cases(args):
 
         corpus = workloads.StdlibCorpus()
         return [(corpus.vocab_size * args.text_dim, None)]
+    if args.workload == "gpt-topk":
+        return [(gpt_numel(args), args.topk_ratio)]
+    if args.workload == "deepfm":
+        return [(args.fm_fields * args.fm_vocab * args.fm_dim, None)]
     return [(parse_size(s), float(d)) for s in args.sizes.split(",") for d in args.densities.split(",")]
+
+
+def resident_bytes(args) -> int:
+    """What a rank of the workload holds for the whole run besides the case's tensors: gpt-topk's corpus (the
+    token stream its batches are drawn from, int64 ids, kept by StdlibCorpus's memo) is several times its
+    tensor's size at the default sizes. (The text workload's corpus is small beside its tensor's copies; the
+    models are built, run once and dropped before the calls.)"""
+    if args.workload != "gpt-topk":
+        return 0
+    import dense_model
+
+    return 8 * dense_model.streams(gpt_options(args))[0].num_tokens
 
 
 def imbalance(loads):
@@ -573,9 +757,19 @@ def check_args(parser, args) -> None:
     for flag, value, low in (("--world", args.world, 1), ("--iters", args.iters, 1), ("--warmup", args.warmup, 0),
                              ("--max-iters", args.max_iters, 1), ("--text-dim", args.text_dim, 1),
                              ("--text-batch", args.text_batch, 1), ("--ranks-per-host", args.ranks_per_host, 1),
-                             ("--min-seconds", args.min_seconds, 0)):
+                             ("--min-seconds", args.min_seconds, 0), ("--gpt-vocab", args.gpt_vocab, 2),
+                             ("--gpt-dim", args.gpt_dim, 1), ("--gpt-layers", args.gpt_layers, 1),
+                             ("--fm-fields", args.fm_fields, 1), ("--fm-vocab", args.fm_vocab, 1),
+                             ("--fm-batch", args.fm_batch, 1), ("--fm-dim", args.fm_dim, 1)):
         if not value >= low:
             parser.error(f"{flag} must be >= {low}; got {value}")
+    heads = dense_model_defaults().heads
+    if args.gpt_dim % heads:
+        parser.error(f"--gpt-dim must be a multiple of the GPT's {heads} heads; got {args.gpt_dim}")
+    if not 0 < args.topk_ratio <= 1:
+        parser.error(f"--topk-ratio must be in (0, 1]; got {args.topk_ratio}")
+    if not args.fm_alpha > 0:
+        parser.error(f"--fm-alpha must be > 0; got {args.fm_alpha}")
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
         densities = [float(d) for d in args.densities.split(",")]
@@ -604,7 +798,8 @@ def main(argv=None):
     check_args(parser, args)
     # What a rank holds of a case at once (the input, the reference sum, the call's copy, the schemes' buffers
     # and zen's index sets, each about the tensor's size): an emulated cluster refuses a world it would not fit.
-    args.workload_bytes = TENSOR_COPIES * max(numel for numel, _ in cases(args)) * DTYPES[args.dtype].itemsize
+    args.workload_bytes = (TENSOR_COPIES * max(numel for numel, _ in cases(args)) * DTYPES[args.dtype].itemsize
+                           + resident_bytes(args))
     if not args.from_env:  # said at once: the ranks take seconds to start, and the first case probes the links
         from launch import link_text
 
