@@ -130,6 +130,10 @@ class Results:
             raise SystemExit(f"report: {path} is missing (the page that shows it says which command writes it)")
         return path
 
+    def exists(self, name):
+        """Whether results/NAME is there (a block that shows only the files measured so far asks; nothing read)."""
+        return os.path.exists(os.path.join(self.folder, name))
+
     def json(self, stem):
         self.used.add(stem + ".json")  # read before or not, the block that asks was written from it
         if stem not in self._cache:
@@ -810,17 +814,27 @@ def scale_table(res):
 
 WEAK = tuple(f"weak_text64_{n}" for n in (2, 4, 8, 16, 24))
 WEAK32 = tuple(f"weak_text32_{n}" for n in (2, 4, 8, 16, 24, 32))
+# Series measured as they come (benchmarks/README.md's weak-scaling workloads beside the text gradient): a block
+# shows the world sizes whose file exists, and says which are not measured yet.
+WEAK_TOPK = tuple(f"weak_topk_{n}" for n in (2, 4, 8, 16, 24, 32))
+WEAK_DEEPFM = tuple(f"weak_deepfm_{n}" for n in (2, 4, 8, 16, 24, 32))
 SCHEME_ORDER = ("dense", "agsparse", "sparcml", "omnireduce", "zen")
 
 
-def weak_table(stems, sent=False):
-    """benchmarks/allreduce.py on emulated hosts with per-core links (the same text gradient per rank), one
-    file per world size: every scheme's time, with ``sent`` its MB sent per rank, and its efficiency (the
-    wire's floor for its own bytes / time)."""
+def weak_table(stems, sent=False, partial=False):
+    """benchmarks/allreduce.py on emulated hosts with per-core links (the same workload per rank), one file per
+    world size: every scheme's time, with ``sent`` its MB sent per rank, and its efficiency (the wire's floor
+    for its own bytes / time). ``partial``: a series still being measured, its rows from the files that exist
+    (none: the block says it is not measured yet; some: it names the world sizes still missing)."""
     def table(res):
+        shown = [stem for stem in stems if res.exists(stem + ".json")] if partial else stems
+        missing = [stem.rsplit("_", 1)[1] for stem in stems if stem not in shown]
+        if not shown:
+            return [f"*Not measured yet: no `results/{stems[0].rsplit('_', 1)[0]}_N.json` (the command above "
+                    "writes them).*"]
         lines = ["| ranks | link | " + " | ".join(NAMES.get(s, s) for s in SCHEME_ORDER) + " | zen vs best other |",
                  "|---" * (3 + len(SCHEME_ORDER)) + "|"]
-        for stem in stems:
+        for stem in shown:
             rows = {row["scheme"]: row for row in res.json(stem)}
             any_row = next(iter(rows.values()))
             cells = [f"{r['time_median'] * 1e3:.0f} ms" + (f", {r['bytes_sent'] / 1e6:.2f} MB" if sent else "")
@@ -828,7 +842,7 @@ def weak_table(stems, sent=False):
             best = min(r["time_median"] for s, r in rows.items() if s != "zen")
             lines.append(f"| {any_row['world']} | {bits(any_row['link_bps'])} | " + " | ".join(cells)
                          + f" | {best / rows['zen']['time_median']:.2f}x |")
-        return lines
+        return lines + (["", f"*Not measured yet at {and_join(missing)} ranks.*"] if missing else [])
     return table
 
 
@@ -972,6 +986,8 @@ BLOCKS = {
     ",".join(WEAK): weak_table(WEAK),
     ",".join(WEAK32): weak_table(WEAK32, sent=True),
     ",".join(WEAK32) + "#summary": weak_summary(WEAK32),
+    ",".join(WEAK_TOPK): weak_table(WEAK_TOPK, sent=True, partial=True),
+    ",".join(WEAK_DEEPFM): weak_table(WEAK_DEEPFM, sent=True, partial=True),
     "simulate_text32": probed_simulation,
     ",".join(SIMULATED): simulated_table,
     ",".join(HOOK): hook_overhead,
