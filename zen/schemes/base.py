@@ -299,7 +299,9 @@ class Scheme:
         if not opens(type(self)):
             return Union(self.reduce_coo(call, indices, values, numel))
         opening = self.open(call, indices, values, numel)
-        return self.finish(call, opening, call.agree_opening(opening))
+        with call.phase("agree", self.name):
+            agreed = call.agree_opening(opening)
+        return self.finish(call, opening, agreed)
 
     def reduce_dense(self, call: Call, flat: Tensor) -> None:
         """Sum ``flat`` (contiguous, 1-D, of M values, b = ``call.block_size`` dividing M) over the group,
