@@ -219,20 +219,28 @@ def test_a_formula_reads_only_the_statistics_its_scheme_declares():
     assert zen.Workload(**json.loads(json.dumps(dataclasses.asdict(w)))).statistics == w.statistics
 
 
+def _wrong_kinds(scheme, rank, world):
+    """The kinds of tensor (cases.KINDS) on which ``scheme`` differs from dist.all_reduce (NaN where it has NaN)."""
+    import zen
+
+    wrong = []
+    for i, kind in enumerate(KINDS):
+        x = make(kind, 3001, 0.05, rank, world, seed=i)
+        ref = x.clone()
+        dist.all_reduce(ref)
+        zen.all_reduce(x, scheme=scheme)
+        if not torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(ref, nan=7.0)):
+            wrong.append(kind)
+    return wrong
+
+
 def _registered_scheme(rank, world):
     import zen
     from zen.auto import Auto
 
     zen.register_scheme("gatherall", GatherAll)
     assert "gatherall" in zen.SCHEMES
-    wrong = []
-    for i, kind in enumerate(KINDS):
-        x = make(kind, 3001, 0.05, rank, world, seed=i)
-        ref = x.clone()
-        dist.all_reduce(ref)
-        zen.all_reduce(x, scheme="gatherall")
-        if not torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(ref, nan=7.0)):
-            wrong.append(kind)
+    wrong = _wrong_kinds("gatherall", rank, world)
     x = make("uniform", 3001, 0.05, rank, world, seed=0)
     zen.set_profile(bandwidth="1gbit", latency="50us")
     predicted = zen.predict(x)
@@ -256,14 +264,7 @@ def _paged_scheme(rank, world):
     from zen.planner import workload_from_indices
 
     zen.register_scheme("paged", PagedGather)
-    wrong = []
-    for i, kind in enumerate(KINDS):
-        x = make(kind, 3001, 0.05, rank, world, seed=i)
-        ref = x.clone()
-        dist.all_reduce(ref)
-        zen.all_reduce(x, scheme="paged")
-        if not torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(ref, nan=7.0)):
-            wrong.append(kind)
+    wrong = _wrong_kinds("paged", rank, world)
     x = make("skewed", 3001, 0.05, rank, world, seed=0)
     profile = zen.set_profile(bandwidth="1gbit", latency="50us")
     predicted = zen.predict(x)
